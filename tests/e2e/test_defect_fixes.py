@@ -78,7 +78,8 @@ class _Server(socketserver.ThreadingTCPServer):
 class RawUpstream:
     """An HTTP/1.1 upstream on a free port: each request (keep-alive) gets the bytes
     ``answer(headers, body)`` returns (headers: lowercased names); None closes the connection.
-    A list is a script: its bytes are sent in turn, a float pauses that many seconds, None closes."""
+    A list is a script: its bytes are sent in turn, a float pauses that many seconds, a threading.Event waits
+    until the test sets it (30 s at most), None closes."""
 
     def __init__(self, answer):
         self.answer = answer
@@ -112,6 +113,8 @@ class RawUpstream:
                             return
                         if isinstance(step, float):
                             time.sleep(step)
+                        elif isinstance(step, threading.Event):
+                            step.wait(30)
                         else:
                             sock.sendall(step)
 
@@ -439,6 +442,48 @@ def test_drain_deadline_answers_what_is_in_flight(mock, weir):
 
 # ---------------------------------------------------------------------------- 9. limits changed mid-flight
 
+class HeldStreams:
+    """A vLLM-like chat stream upstream whose streams asked for a held ``max_tokens`` send their head, role and
+    first token, then wait until the test releases them (``release(tokens)``); the others run to the end at once.
+    Each stream is ``max_tokens`` content tokens, the finish (length), its usage and [DONE], then the upstream
+    closes the connection (``Connection: close``: no pooled connection it closed is ever reused)."""
+
+    def __init__(self, held: set[int]):
+        self.gates = {n: threading.Event() for n in held}
+        self.up = RawUpstream(self.answer)
+        self.url = self.up.url
+
+    def release(self, tokens: int) -> None:
+        self.gates[tokens].set()
+
+    def close(self) -> None:
+        for g in self.gates.values():
+            g.set()
+        self.up.close()
+
+    def answer(self, headers, body) -> list:
+        n = json.loads(body)["max_tokens"]
+
+        def event(delta, finish=None, usage=None) -> bytes:
+            o = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "mock-model",
+                 "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            if usage:
+                o["usage"] = usage
+            data = b"data: " + json.dumps(o).encode() + b"\n\n"
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                b"Connection: close\r\n\r\n")
+        first = event({"role": "assistant", "content": ""}) + event({"content": "t0"})
+        rest = b"".join(event({"content": f" t{i}"}) for i in range(1, n)) + event({}, "length") + event(
+            None, usage={"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3})
+        rest += b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n")
+        steps = [head + first]
+        if n in self.gates:
+            steps.append(self.gates[n])
+        return steps + [rest, None]
+
+
 def stream_request(w, key: str, rid: str, tokens: int, itl_ms: int) -> tuple[RawConn | None, object]:
     """Starts a stream; (connection, head) when admitted (200), (None, response) when refused."""
     c = RawConn(w.port, timeout=20)
@@ -469,9 +514,16 @@ def write_config(w, cfg: dict) -> None:
     os.replace(tmp, w.config_path)
 
 
+@pytest.fixture
+def held_streams():
+    up = HeldStreams({30, 60, 5})  # A's, B's and D's max_tokens
+    yield up
+    up.close()
+
+
 @pytest.mark.parametrize("change", ["key-patch", "tenant-reload"])
-def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir, change):
-    m = mock("--ttft-ms", "5", "--itl-ms", "100", "--max-tokens", "100")
+def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(held_streams, weir, change):
+    m = held_streams
     admin_port = free_port()
     admin = f"http://127.0.0.1:{admin_port}"
     auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -479,7 +531,7 @@ def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir,
 
     def config(rpm: int) -> dict:
         return {
-            "pools": {"p": {"endpoints": [m.base_url]}},
+            "pools": {"p": {"endpoints": [m.url]}},
             "models": {"m": {"pool": "p", "upstream_model": "mock-model"}},
             "tenants": {"acme": {}, "t2": {"limits": {**caps, "requests_per_minute": rpm}, "budget": {"usd": 1.0}}},
             "auth": {"api_keys": [{"id": "t2-1", "sha256": sha("sk-t2"), "tenant": "t2"}]},
@@ -502,8 +554,9 @@ def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir,
         assert r.status_code == 200, r.text
         return r.json()["usage"]
 
-    # A ends first (30 tokens, ~3 s), B later (60 tokens, ~6 s): both run across the change (a reload on a
-    # loaded machine can take a second or more: a shorter A could end before C asks, freeing its slot).
+    # A and B (and D below) are held open by the upstream until the test lets them end: both run across the
+    # change, however long it takes (a reload took 3 s on a loaded machine, as long as the 3 s stream A was:
+    # its slot was free again when C asked, and C rightly admitted).
     a, ha = stream_request(w, key, f"{change}-a", 30, 100)
     b, hb = stream_request(w, key, f"{change}-b", 60, 100)
     assert a and b, (ha.status, hb.status)
@@ -528,6 +581,7 @@ def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir,
     assert json.loads(hc.body)["error"]["code"] == "rate_limit_exceeded", hc.body
     assert usage()["streams"]["in_flight"] == 2, "the admin view no longer counts the streams in flight"
 
+    m.release(30)
     finish(a)
     w.log_for(f"{change}-a")  # logged: its slot is back
     d, hd = stream_request(w, key, f"{change}-d", 5, 100)
@@ -536,7 +590,9 @@ def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir,
         finish(extra)
     assert d is not None, f"no stream admitted with one slot free: {hd.status} {hd.body[:200]!r}"
     assert he.status == 429, f"a stream beyond the cap was admitted: {he.status}"
+    m.release(5)
     finish(d)
+    m.release(60)
     finish(b)
 
     logged = [w.log_for(f"{change}-{x}") for x in "abcde"]
