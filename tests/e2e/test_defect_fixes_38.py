@@ -173,7 +173,9 @@ def test_a_chunked_coding_with_parameters_is_bad_framing(mock, weir, te):
 
 def sse_stream_with_a_large_event(headers, body) -> list:
     # vLLM's framing: one chunked body holding a role chunk, a ~1 MB content chunk, the finish, usage, [DONE];
-    # then the upstream closes.
+    # then the upstream closes, as its head said (Connection: close). Unsaid, Weir would pool the connection and
+    # the next request could be sent on it as the close came (the keep-alive race; a loaded machine let the close
+    # come more than 5 ms after that send, past what Weir resends as a stale connection: a 502).
     def chunk(delta, finish=None, choices=None, usage=None) -> bytes:
         o = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
              "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
@@ -184,7 +186,8 @@ def sse_stream_with_a_large_event(headers, body) -> list:
     events = (chunk({"role": "assistant", "content": ""}) + chunk({"content": "x" * 1_000_000}) +
               chunk({}, "stop") + chunk(None, choices=[], usage={"prompt_tokens": 7, "completion_tokens": 5,
                                                                   "total_tokens": 12}) + b"data: [DONE]\n\n")
-    return [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+    return [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n" +
             b"%x\r\n" % len(events) + events + b"\r\n0\r\n\r\n", None]
 
 
