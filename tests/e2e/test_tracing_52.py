@@ -119,23 +119,33 @@ def test_a_batch_members_upstream_span_links_to_the_context_that_went_upstream(m
     m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
     c = Collector()
     try:
+        # One worker (batches form per worker: two workers split the pair half the time), the longest window
+        # (1 s), and a batch that leaves on its second member: the two share a batch unless they come more than
+        # 1 s apart. The clients are made before (an httpx client's setup took a loaded machine long) and the
+        # threads start together.
         w = weir(config=config(m.base_url, c.url,
-                               pools={"b": {"endpoints": [m.base_url], "batch": {"window": "1s", "max_size": 8}}}))
+                               pools={"b": {"endpoints": [m.base_url], "batch": {"window": "1s", "max_size": 2}}}),
+                 workers=1)
         for _ in range(5):
             ids = [new_ids() for _ in range(2)]
             answers: list[httpx.Response | None] = [None, None]
+            clients = [httpx.Client(timeout=30) for _ in range(2)]
+            start = threading.Barrier(2)
 
             def send(i: int) -> None:
-                answers[i] = httpx.post(w.v1 + "/completions", timeout=30,
-                                        json={"model": "m-b", "prompt": f"hello {i}", "max_tokens": 4},
-                                        headers={"x-mock-echo": "1",
-                                                 "traceparent": f"00-{ids[i][0]}-{ids[i][1]}-01"})
+                start.wait()
+                answers[i] = clients[i].post(w.v1 + "/completions",
+                                             json={"model": "m-b", "prompt": f"hello {i}", "max_tokens": 4},
+                                             headers={"x-mock-echo": "1",
+                                                      "traceparent": f"00-{ids[i][0]}-{ids[i][1]}-01"})
 
             threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
+            for cl in clients:
+                cl.close()
             assert all(a is not None and a.status_code == 200 for a in answers), answers
             up = {parse_traceparent(a.headers["x-mock-traceparent"]) for a in answers}
             if len(up) == 1:  # one batch
