@@ -136,17 +136,8 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
 
   void on_field_impl(boost::beast::http::field name, string_view name_string, string_view value,
                      error_code& ec) override {
-    if (this->is_header_done()) {
-      // A trailer field: dropped (RFC 9110 §6.5.1). A request's obs-folded
-      // one is refused as in the head (and Beast refuses Content-Length and
-      // Transfer-Encoding there as framing it cannot take): one rule for a
-      // request's field lines wherever they come.
-      if (isRequest && obs_folded(name_string, value)) [[unlikely]] {
-        obs_fold_ = true;
-        ec = boost::beast::http::error::bad_value;
-      }
-      return;
-    }
+    if (this->is_header_done()) [[unlikely]]
+      return on_trailer_field(name_string, value, ec);
     if (obs_folded(name_string, value)) [[unlikely]] {
       // RFC 9112 §5.2: a server must refuse obs-fold in a request (or replace it with SP): a proxy in front
       // that keeps the fold would read `Transfer-Encoding:\r\n chunked` as no transfer coding, and the two
@@ -164,6 +155,18 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
       return;
     }
     m_.insert(name, name_string, value);
+  }
+
+  // A trailer field: dropped (RFC 9110 §6.5.1). A request's obs-folded one
+  // is refused as in the head (and Beast refuses Content-Length and
+  // Transfer-Encoding there as framing it cannot take): one rule for a
+  // request's field lines wherever they come. (Out of line: the head's
+  // fields, every request's, keep on_field_impl small.)
+  [[gnu::cold, gnu::noinline]] void on_trailer_field(string_view name_string, string_view value, error_code& ec) {
+    if (isRequest && obs_folded(name_string, value)) {
+      obs_fold_ = true;
+      ec = boost::beast::http::error::bad_value;
+    }
   }
 
   void on_header_impl(error_code& ec) override { ec = {}; }
