@@ -81,13 +81,23 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
   OutputItem& it = items_.emplace_back();
   it.kind = kind;
   it.done = false;
+  // Every output item has its own id (clients key items by item_id): the
+  // first of a stem keeps rs_X, msg_X; a later one (reasoning, text,
+  // reasoning, text; a refusal beside text) takes _1, _2, ... after it, its
+  // count among the items of that stem (O(1): no search of the items). A
+  // function call's fc_X_<i> is its call's position, its own.
+  const auto numbered = [&](std::string_view prefix, std::size_t& count) {
+    append_id(it.id, prefix, base_id_);
+    if (count > 0) fmt::format_to(std::back_inserter(it.id), "_{}", count);
+    ++count;
+  };
   switch (kind) {
     case OutputItem::Kind::reasoning:
-      append_id(it.id, "rs_", base_id_);
+      numbered("rs_", reasoning_items_);
       break;
     case OutputItem::Kind::message:
     case OutputItem::Kind::refusal:
-      append_id(it.id, "msg_", base_id_);
+      numbered("msg_", message_items_);
       break;
     case OutputItem::Kind::function_call:
       append_id(it.id, "fc_", base_id_);
@@ -100,18 +110,6 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
       }
       it.name.assign(name);
       break;
-  }
-  // Every output item has its own id (clients key items by item_id): a
-  // second item of a kind in one response (reasoning, text, reasoning,
-  // text; a tool call's index again after text) takes _1, _2, ... after
-  // it; the first keeps rs_X, msg_X, fc_X_i.
-  const std::size_t stem = it.id.size();
-  const auto taken = [&] {
-    return std::any_of(items_.begin(), items_.end() - 1, [&](const OutputItem& o) { return o.id == it.id; });
-  };
-  for (std::size_t n = 1; taken(); ++n) {
-    it.id.resize(stem);
-    fmt::format_to(std::back_inserter(it.id), "_{}", n);
   }
   open_ = true;
   begin("response.output_item.added", out);
@@ -195,7 +193,7 @@ void StreamTranslator::close(std::string& out) {
   if (!open_) return;
   OutputItem& it = items_.back();
   if (it.kind == OutputItem::Kind::function_call) {
-    calls_[tool_call_].state = ToolCallStream::State::done;
+    calls_.set_state(tool_call_, ToolCallStream::State::done);
     // Held text other than an object: as it is, unless it says no arguments (JSON null: "{}" below).
     if (tool_args_ == ToolArgs::raw && classify_arguments(tool_raw_) != ToolArguments::none) delta(tool_raw_, out);
     tool_args_ = ToolArgs::none;
@@ -280,7 +278,7 @@ void StreamTranslator::close(std::string& out) {
 bool StreamTranslator::close_all(std::string& out) {
   close(out);
   for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
-    calls_[i].state = ToolCallStream::State::streaming;
+    calls_.set_state(i, ToolCallStream::State::streaming);
     tool_call_ = i;
     call_pending_ = true;
     close(out);  // (added, its arguments, done)
@@ -425,13 +423,13 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (ended_) return;
               if (!in_function_call() && !calls_.any_held()) {
                 close(out);
-                c.state = ToolCallStream::State::streaming;
+                calls_.set_state(r.call, ToolCallStream::State::streaming);
                 tool_call_ = r.call;
                 call_pending_ = true;  // (its item is added once its name is whole)
               } else {
                 // Another call streams: this one is held, given whole when the calls end (a client must
                 // never see a call done before it is complete).
-                c.state = ToolCallStream::State::held;
+                calls_.set_state(r.call, ToolCallStream::State::held);
                 if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
                 continue;
               }

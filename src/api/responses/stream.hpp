@@ -144,6 +144,9 @@ class StreamTranslator {
   std::string model_;
   ResponseUsage usage_;
   std::vector<OutputItem> items_;
+  // The reasoning items and the message (text or refusal) items opened so far: the next one's id suffix.
+  std::size_t reasoning_items_ = 0;
+  std::size_t message_items_ = 0;
 };
 
 }  // namespace weir::api::responses
