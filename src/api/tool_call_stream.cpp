@@ -46,6 +46,8 @@ std::string_view arguments_text(const json::object& fn, std::string& storage) {
 
 void ToolCallStream::reset(std::size_t held_limit) {
   calls_.clear();
+  latest_.clear();
+  first_held_ = 0;
   held_bytes_ = 0;
   held_limit_ = held_limit;
 }
@@ -60,24 +62,27 @@ ToolCallStream::Route ToolCallStream::route(const json::object& entry, bool cont
   std::int64_t index = -1;
   if (const auto* i = entry.if_contains("index"); i && i->is_int64() && i->get_int64() >= 0) {
     index = i->get_int64();
-    for (std::size_t k = calls_.size(); k-- > 0;)
-      if (calls_[k].upstream_index == index) {
-        if (!other_id(calls_[k])) return same(k);
-        break;
-      }
+    // The latest call overall first (the entries of the call that streams: no lookup), else the map.
+    std::size_t k = calls_.size();
+    if (k > 0 && calls_.back().upstream_index == index) {
+      k = calls_.size() - 1;
+    } else if (const auto at = latest_.find(index); at != latest_.end()) {
+      k = at->second;
+    }
+    if (k < calls_.size() && !other_id(calls_[k])) return same(k);
   } else if (continuing && !calls_.empty() && !other_id(calls_.back())) {
     return same(calls_.size() - 1);
   }
   Call& c = calls_.emplace_back();
   c.upstream_index = index;
   c.upstream_id.assign(id);
+  if (index >= 0) latest_.insert_or_assign(index, calls_.size() - 1);
   return Route{calls_.size() - 1, true};
 }
 
 std::size_t ToolCallStream::first_held() const {
-  for (std::size_t i = 0; i < calls_.size(); ++i)
-    if (calls_[i].state == State::held) return i;
-  return calls_.size();
+  while (first_held_ < calls_.size() && calls_[first_held_].state != State::held) ++first_held_;
+  return first_held_;
 }
 
 bool ToolCallStream::hold(std::size_t i, std::string_view name, std::string_view arguments) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/json/object.hpp>
@@ -67,7 +68,7 @@ class ToolCallStream {
   struct Call {
     std::int64_t upstream_index = -1;  // the entries' `index`; -1: they had none
     std::string upstream_id;           // the entries' first non-empty `id` ("": none yet)
-    State state = State::done;         // as the translator sets it (done until then)
+    State state = State::done;         // as the translator sets it with set_state() (done until then)
     std::string id;                    // the client's id for the call: set as its start goes out (upstream_id then,
                                        // or the translator's own when that is "")
     std::string name;                  // the call's name so far (whole once its start went out)
@@ -89,12 +90,21 @@ class ToolCallStream {
   // as when no call had the index, a new call begins. Without an `index`
   // (some OpenAI-compatible servers): the latest call when `continuing`
   // (the translator is still in the tool calls) and the entry's id does not
-  // differ from that call's; otherwise a new call.
+  // differ from that call's; otherwise a new call. O(1) (amortized): the
+  // latest call of each index is kept in a map, not searched for.
   Route route(const boost::json::object& entry, bool continuing);
 
   Call& operator[](std::size_t i) { return calls_[i]; }
   std::size_t size() const { return calls_.size(); }
-  // The first held call's position, or size() when none is held.
+  // Sets call `i`'s state: the only way a call's state changes (first_held()
+  // keeps a cursor that a call held before it moves back).
+  void set_state(std::size_t i, State s) {
+    calls_[i].state = s;
+    if (s == State::held && i < first_held_) first_held_ = i;
+  }
+  // The first held call's position, or size() when none is held. Amortized
+  // O(1) over a stream (a cursor: the translators hold a call only as it
+  // begins, the last one, and release held calls in order).
   std::size_t first_held() const;
   bool any_held() const { return first_held() < calls_.size(); }
 
@@ -124,6 +134,10 @@ class ToolCallStream {
 
  private:
   std::vector<Call> calls_;
+  // The latest call of each upstream `index` (its position in calls_).
+  std::unordered_map<std::int64_t, std::size_t> latest_;
+  // No call before it is held (first_held()'s cursor).
+  mutable std::size_t first_held_ = 0;
   std::size_t held_bytes_ = 0;
   std::size_t held_limit_ = 0;
 };

@@ -118,7 +118,7 @@ void StreamTranslator::close(std::string& out) {
   if (open_ == Block::tool) {
     start_tool(out);
     const ToolCallStream::Call& c = calls_[tool_call_];
-    calls_[tool_call_].state = ToolCallStream::State::done;
+    calls_.set_state(tool_call_, ToolCallStream::State::done);
     // The arguments read as classify_arguments() says, as unstreamed (response.cpp) and for Responses:
     // none (whitespace, null) is input {}; JSON that is no object is {"_raw": text}. Arguments that are no
     // JSON text (cut, or garbled) are nothing the model can have meant: the client must not run the call, so
@@ -156,8 +156,7 @@ void StreamTranslator::close(std::string& out) {
 bool StreamTranslator::close_all(std::string& out) {
   close(out);
   for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
-    ToolCallStream::Call& c = calls_[i];
-    c.state = ToolCallStream::State::streaming;
+    calls_.set_state(i, ToolCallStream::State::streaming);
     tool_call_ = i;
     open(Block::tool, out);
     close(out);  // (the start, its arguments, the stop)
@@ -298,13 +297,13 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (ended_) return;
               if (open_ != Block::tool && !calls_.any_held()) {
                 close(out);
-                c.state = ToolCallStream::State::streaming;
+                calls_.set_state(r.call, ToolCallStream::State::streaming);
                 tool_call_ = r.call;
                 open(Block::tool, out);
               } else {
                 // Another call streams: this one is held, given whole when the tool calls end (a client
                 // must never see a call end before it is complete).
-                c.state = ToolCallStream::State::held;
+                calls_.set_state(r.call, ToolCallStream::State::held);
                 if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
                 continue;
               }

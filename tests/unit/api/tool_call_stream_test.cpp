@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <boost/json/parse.hpp>
 
 namespace weir::api {
@@ -57,13 +59,65 @@ TEST(ToolCallStream, HeldBytesAreCapped) {
   ToolCallStream s;
   s.reset(10);
   route(s, R"({"index":0})");
-  s[0].state = ToolCallStream::State::held;
+  s.set_state(0, ToolCallStream::State::held);
   EXPECT_TRUE(s.hold(0, "name", "{}"));
   EXPECT_EQ(s.first_held(), 0u);
   EXPECT_FALSE(s.hold(0, "", "{\"a\":12}"));  // 6 + 8 > 10
   EXPECT_EQ(s[0].arguments, "{}");
   EXPECT_EQ(s.release(0), "{}");
   EXPECT_TRUE(s.hold(0, "", "{\"a\":1}"));  // the released bytes count no more
+}
+
+TEST(ToolCallStream, ThousandsOfIndexesRouteToTheirCallsInAnyOrder) {
+  // 20,000 calls (an index each, the odd ones with a sparse, large index), then a delta of each in reverse
+  // order, then a new id on every even index (Ollama's reuse of an index): each lookup finds the latest call
+  // of its index (route() keeps a map: a linear scan per entry made this quadratic, 5.7 s per stream at
+  // 64,000 indexes on /v1/messages).
+  constexpr std::int64_t kCalls = 20000;
+  const auto index_of = [](std::int64_t i) { return i % 2 ? (std::int64_t{1} << 40) + i : i; };
+  ToolCallStream s;
+  s.reset(100);
+  for (std::int64_t i = 0; i < kCalls; ++i) {
+    const auto r = route(s, fmt::format(R"({{"index":{},"id":"c{}"}})", index_of(i), i));
+    ASSERT_TRUE(r.began);
+    ASSERT_EQ(r.call, static_cast<std::size_t>(i));
+  }
+  for (std::int64_t i = kCalls; i-- > 0;) {
+    const auto r = route(s, fmt::format(R"({{"index":{},"function":{{"arguments":"x"}}}})", index_of(i)));
+    ASSERT_FALSE(r.began);
+    ASSERT_EQ(r.call, static_cast<std::size_t>(i));
+  }
+  for (std::int64_t i = 0; i < kCalls; i += 2) {
+    const auto r = route(s, fmt::format(R"({{"index":{},"id":"d{}"}})", i, i));
+    ASSERT_TRUE(r.began);
+    ASSERT_EQ(s[r.call].upstream_id, fmt::format("d{}", i));
+    ASSERT_EQ(route(s, fmt::format(R"({{"index":{}}})", i)).call, r.call);  // the index is the new call's now
+  }
+  EXPECT_EQ(s.size(), static_cast<std::size_t>(kCalls + kCalls / 2));
+}
+
+TEST(ToolCallStream, FirstHeldFollowsTheStatesSet) {
+  ToolCallStream s;
+  s.reset(100);
+  for (int i = 0; i < 4; ++i) route(s, fmt::format(R"({{"index":{}}})", i));
+  EXPECT_FALSE(s.any_held());  // (calls begin done: the cursor passes them)
+  EXPECT_EQ(s.first_held(), 4u);
+  s.set_state(2, ToolCallStream::State::held);  // held after the cursor passed it: found again
+  s.set_state(3, ToolCallStream::State::held);
+  EXPECT_EQ(s.first_held(), 2u);
+  s.set_state(2, ToolCallStream::State::streaming);
+  EXPECT_EQ(s.first_held(), 3u);
+  s.set_state(1, ToolCallStream::State::held);
+  EXPECT_EQ(s.first_held(), 1u);
+  s.set_state(1, ToolCallStream::State::done);
+  s.set_state(3, ToolCallStream::State::done);
+  EXPECT_EQ(s.first_held(), 4u);
+  route(s, R"({"index":9})");
+  s.set_state(4, ToolCallStream::State::held);
+  EXPECT_EQ(s.first_held(), 4u);
+  s.reset(100);
+  EXPECT_EQ(s.first_held(), 0u);
+  EXPECT_FALSE(s.any_held());
 }
 
 TEST(ToolCallStream, IsJsonText) {
@@ -96,7 +150,7 @@ TEST(ToolCallStream, ANameRepeatedWholeAddsNothingAndPiecesAddUp) {
   ToolCallStream s;
   s.reset(100);
   route(s, R"({"index":0})");
-  s[0].state = ToolCallStream::State::streaming;
+  s.set_state(0, ToolCallStream::State::streaming);
   EXPECT_TRUE(s.hold(0, "f", "{\"a\":"));
   EXPECT_TRUE(s.hold(0, "f", "1}"));  // (a repeat)
   EXPECT_EQ(s[0].name, "f");
@@ -108,7 +162,7 @@ TEST(ToolCallStream, AStartIsReadyOnceADeltaBringsNoNamePieceAfterNameAndArgumen
   ToolCallStream s;
   s.reset(100);
   route(s, R"({"index":0})");
-  s[0].state = ToolCallStream::State::streaming;
+  s.set_state(0, ToolCallStream::State::streaming);
   EXPECT_FALSE(s.start_ready(0, false));  // no name yet
   s.hold(0, "get_", " ");
   EXPECT_FALSE(s.start_ready(0, true));   // the delta brought a piece: more may come
