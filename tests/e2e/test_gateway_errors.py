@@ -139,7 +139,7 @@ def test_huge_header_431(stack):
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"GET /health HTTP/1.7\r\n\r\n",  # (a major version other than 1: 505, test_front_fixes_55)
+    b"GET /health HTTP/01.1\r\n\r\n",  # (malformed: a major version other than 1 is 505, test_front_fixes_55)
 ], ids=["garbage", "bad-header", "bad-length", "two-lengths", "bad-chunk", "bad-version"])
 def test_malformed_http_400(stack, raw):
     _, w = stack

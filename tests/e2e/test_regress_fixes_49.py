@@ -76,7 +76,7 @@ def test_a_head_refused_in_its_request_line_counts_the_bytes_it_took(mock, weir)
     # parser refused was counted 0 (or the request line alone), though it was read and its line logged.
     from httpwire import roundtrip
     w = weir(mock(*MOCK_FLAGS), workers=1)
-    heads = [b"GET /v1/models HTTP/1.9\r\nHost: localhost\r\n\r\n", b"GARBAGE STUFF\r\n\r\n",
+    heads = [b"GET /v1/models HTTP/01.1\r\nHost: localhost\r\n\r\n", b"GARBAGE STUFF\r\n\r\n",
              b"GET /v1/models HTTP/1.1\r\nHost x\r\n\r\n"]
     for h in heads:
         assert roundtrip(w.port, h, method="GET").status == 400
