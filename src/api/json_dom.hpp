@@ -85,6 +85,18 @@ class JoinedText {
   std::string joined_;
 };
 
+// A chat answer's message: its reasoning (vLLM's `reasoning_content`, or
+// `reasoning`, then the thinking parts of a `content` list) and its text
+// (the `content` string, or the text parts of a list), each joined.
+inline void read_message_text(const boost::json::object& msg, JoinedText& reasoning, JoinedText& text) {
+  std::string_view r = string_at(msg, "reasoning_content");
+  if (r.empty()) r = string_at(msg, "reasoning");
+  reasoning.add(r);
+  for_each_content(
+      msg.if_contains("content"), [&](std::string_view t) { text.add(t); },
+      [&](std::string_view t) { reasoning.add(t); });
+}
+
 // A JSON value's truth as Python reads it (the openai SDK tests a stream's
 // `error` member so): null, false, 0, "", {} and [] are false.
 inline bool truthy(const boost::json::value& v) {

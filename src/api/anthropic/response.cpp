@@ -144,12 +144,7 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
   // The content: a string, or a list of parts (Mistral's: text, and magistral's thinking first) whose text
   // pieces are the text, its thinking pieces the reasoning after vLLM's reasoning_content.
   JoinedText thinking, text;
-  std::string_view reasoning = string_at(*msg, "reasoning_content");
-  if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");
-  thinking.add(reasoning);
-  for_each_content(
-      msg->if_contains("content"), [&](std::string_view t) { text.add(t); },
-      [&](std::string_view t) { thinking.add(t); });
+  read_message_text(*msg, thinking, text);
   // A thinking block only when the client asked for thinking: Anthropic gives none otherwise, and a client
   // reads content[0].text (a reasoning model's server, vLLM with a reasoning parser, sends it always).
   if (with_thinking && !thinking.view().empty()) {

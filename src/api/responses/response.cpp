@@ -216,12 +216,7 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
   // The content: a string, or a list of parts (Mistral's: text, and magistral's thinking first) whose text
   // pieces are the message, its thinking pieces the reasoning after vLLM's reasoning_content.
   JoinedText reasoning, text;
-  std::string_view r = string_at(*msg, "reasoning_content");
-  if (r.empty()) r = string_at(*msg, "reasoning");
-  reasoning.add(r);
-  for_each_content(
-      msg->if_contains("content"), [&](std::string_view t) { text.add(t); },
-      [&](std::string_view t) { reasoning.add(t); });
+  read_message_text(*msg, reasoning, text);
   if (!reasoning.view().empty()) {
     OutputItem& it = items.emplace_back();
     it.kind = OutputItem::Kind::reasoning;

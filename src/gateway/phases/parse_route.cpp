@@ -140,19 +140,19 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     ctx.chat_continuous = continuous;
     return Outcome::next();
   }
-  tl::expected<api::RequestFields, core::Error> fields;
-  if (*api == api::ApiKind::audio) {
+  if (*api == api::ApiKind::audio) [[unlikely]] {
     // The form's boundary is the Content-Type's: two lines would let Weir read the form by one and the
     // upstream (or a proxy after Weir) by the other.
     bool repeated = false;
-    const auto content_type = http::only_field(down_.request(), "content-type", repeated);
+    (void)http::only_field(down_.request(), "content-type", repeated);
     if (repeated)
       return refused_body(ctx, core::bad_request("The request has more than one Content-Type line: a form "
                                                  "needs exactly one (its boundary)."));
-    fields = api::parse_audio_request(content_type, down_.body());
-  } else {
-    fields = api::parse_request(*api, down_.body());
   }
+  auto fields = *api == api::ApiKind::audio
+                    ? api::parse_audio_request(
+                          http::first_field(down_.request(), boost::beast::http::field::content_type), down_.body())
+                    : api::parse_request(*api, down_.body());
   if (!fields) return refused_body(ctx, std::move(fields.error()));
   ctx.fields = std::move(*fields);
   ctx.model = std::move(ctx.fields.model);
