@@ -25,4 +25,18 @@ bool is_anthropic_tool_id(std::string_view id);
 // "" (callers refuse empty ids before).
 void to_anthropic_tool_id(std::string& id);
 
+// An Anthropic Messages request (or count_tokens request) that goes to an
+// Anthropic upstream as it came, with its tool ids made ones Anthropic takes
+// (to_anthropic_tool_id): a conversation begun on an OpenAI-compatible model
+// holds that server's ids (Kimi-K2 on vLLM: `functions.get_weather:0`),
+// which Anthropic refuses (^[a-zA-Z0-9_-]+$). Each string `id` or
+// `tool_use_id` of a content block of `messages` (messages[i].content[j])
+// that is not empty and not such an id is replaced by to_anthropic_tool_id
+// of it (JSON-unescaped first), so a call and its result still pair; every
+// other byte is copied unchanged. Returns false, `out` untouched, when none
+// needed it (or `body` has no "tool_use" text: no scan); else true with the
+// body in `out` (overwritten; must not alias `body`). `body` must be valid
+// JSON (read_messages_request parsed it).
+bool map_tool_ids(std::string_view body, std::string& out);
+
 }  // namespace weir::api

@@ -70,20 +70,6 @@ std::uint64_t default_answer_cap(std::string_view chat, std::uint32_t default_ma
 // boolean).
 tl::expected<RequestFields, core::Error> read_messages_request(std::string_view body, bool count);
 
-// An Anthropic Messages request (or count_tokens request) that goes to an
-// Anthropic upstream as it came, with its tool ids made ones Anthropic takes
-// (api/tool_ids.hpp): a conversation begun on an OpenAI-compatible model
-// holds that server's ids (Kimi-K2 on vLLM: `functions.get_weather:0`),
-// which Anthropic refuses (^[a-zA-Z0-9_-]+$). Each string `id` or
-// `tool_use_id` of a content block of `messages` (messages[i].content[j])
-// that is not empty and not such an id is replaced by to_anthropic_tool_id
-// of it (JSON-unescaped first), so a call and its result still pair; every
-// other byte is copied unchanged. Returns false, `out` untouched, when none
-// needed it (or `body` has no "tool_use" text: no scan); else true with the
-// body in `out` (overwritten; must not alias `body`). `body` must be valid
-// JSON (read_messages_request parsed it).
-bool map_tool_ids(std::string_view body, std::string& out);
-
 // The upstream target of an Anthropic pool for a chat-completions or
 // Responses request: "/v1/messages".
 std::string_view messages_path();

@@ -15,6 +15,7 @@
 #include "api/openai/batch.hpp"
 #include "api/openai/stream.hpp"
 #include "api/responses/request.hpp"
+#include "api/tool_ids.hpp"
 #include "core/json_text.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
@@ -166,7 +167,7 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     // A conversation begun on an OpenAI-compatible model holds its tool ids, which Anthropic may refuse: made
     // ones it takes (the chat translation a fallback had in edit_buf is made again if another needs it).
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
-    if (api::anthropic::map_tool_ids(body, ctx.edit_buf)) {
+    if (api::map_tool_ids(body, ctx.edit_buf)) {
       body = ctx.edit_buf;
       ctx.chat_translated = false;
     }
