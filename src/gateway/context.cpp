@@ -93,12 +93,11 @@ void RequestContext::reset() {
   has_usage = false;
   usage = {};
   usage_invalid = false;
-  said_usage = {};
+  said_prompt = said_completion = false;
   has_choice_usage = false;
   choice_usage = {};
   choice_usage_every_prompt = false;
   has_estimate = false;
-  estimate = {};
   bytes_in = 0;
   body_decoded = false;
   body_deferred = false;

@@ -386,8 +386,29 @@ struct RequestContext {
   bool usage_invalid = false;
   // With usage_invalid, of a whole answer (not relayed as SSE events: those are the stream hooks'
   // said_usage()): the parts of its usage the upstream said when it left its prompt or completion count
-  // out (api::PartialUsage), charged as said, the rest at its estimate (unreported_usage()).
-  api::PartialUsage said_usage;
+  // out (api::PartialUsage), charged as said, the rest at its estimate (unreported_usage()). Held in
+  // `usage` while has_usage is false (said_prompt, said_completion say which parts): set_said_usage(),
+  // said_usage().
+  bool said_prompt = false;
+  bool said_completion = false;
+  void set_said_usage(const api::PartialUsage& said) {
+    said_prompt = said.prompt;
+    said_completion = said.completion;
+    if (!said.prompt && !said.completion) return;
+    usage = {};
+    usage.prompt_tokens = said.counts.prompt_tokens;
+    usage.completion_tokens = said.counts.completion_tokens;
+    usage.cached_tokens = said.counts.cached_tokens;
+    usage.cache_write_tokens = said.counts.cache_write_tokens;
+    usage.cache_write_1h_tokens = said.counts.cache_write_1h_tokens;
+  }
+  api::PartialUsage said_usage() const {
+    api::PartialUsage said;
+    said.prompt = !has_usage && said_prompt;
+    said.completion = !has_usage && said_completion;
+    if (said.prompt || said.completion) said.counts = api::PartialUsage::Counts(usage);
+    return said;
+  }
   // A stream's per-choice usage (continuous_usage_stats: each chunk counts
   // its own choice) when no chunk gave the request's total: summed over its
   // choices (api::openai::UsageHook). settle() makes it the usage of a stream
@@ -397,10 +418,9 @@ struct RequestContext {
   // With has_choice_usage: every prompt of the request said its count (UsageHook::every_prompt()), so
   // choice_usage's prompt_tokens is the upstream's count of the request's prompt, not a floor under it.
   bool choice_usage_every_prompt = false;
-  // What settle() charged a request that reported no usage (the no-usage rule's estimate: has_usage stays
-  // false, so the log's token counts stay the upstream's, null): the log's `charged_tokens`.
+  // settle() charged a request that reported no usage the no-usage rule's estimate, held in `usage`
+  // (has_usage stays false, so the log's token counts stay the upstream's, null): the log's `charged_tokens`.
   bool has_estimate = false;
-  api::Usage estimate;
   // Request body bytes (as received: before a Content-Encoding is decoded), the trace's
   // weir.request.body.size; the log's bytes_in is the connection's count (Downstream::bytes_in).
   std::uint64_t bytes_in = 0;

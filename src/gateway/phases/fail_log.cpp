@@ -207,7 +207,7 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
   // count; a usage with a null completion_tokens its prompt_tokens): those, not the estimate. A prompt's
   // cache reads and writes with it: priced as cached input and cache writes, as they are in a whole usage.
   api::Usage u;
-  const api::PartialUsage said = ctx.sse_answer ? ctx.hooks.said_usage() : ctx.said_usage;
+  const api::PartialUsage said = ctx.sse_answer ? ctx.hooks.said_usage() : ctx.said_usage();
   u.prompt_tokens = said.prompt ? said.counts.prompt_tokens : ctx.prompt_tokens_estimate;
   if (said.prompt) {
     u.cached_tokens = std::min<std::uint64_t>(said.counts.cached_tokens, u.prompt_tokens);
@@ -294,7 +294,7 @@ void GatewayPhases::settle(RequestContext& ctx) {
       u = unreported_usage(ctx);
       // (Logged apart from the upstream's counts, which stay null: charged_tokens.)
       ctx.has_estimate = true;
-      ctx.estimate = u;
+      ctx.usage = u;
     }
     w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());
     // The request's cost at the model's price, whether or not a budget applies.
@@ -376,7 +376,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   // (Estimates apart: weir_*_tokens_total count what upstreams reported.)
   if (ctx.has_estimate)
-    m.add_estimated_tokens(ctx.model_slot, ctx.estimate.prompt_tokens, ctx.estimate.completion_tokens, id);
+    m.add_estimated_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   // A scrape every few seconds would drown the log: /metrics counts in
   // weir_requests_total{route="/metrics"}, writes no line, stores no record,
   // and its bytes stay out of the byte counters (so they add up to the log's).
@@ -573,17 +573,17 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     // Charged without reported usage (the client left, the stream broke): the tokens the spend and the
     // buckets were charged, so spend = tokens x price can be checked, apart from the upstream's counts.
     w.put(R"(,"charged_tokens":{"prompt":)"sv);
-    w.put_uint(ctx.estimate.prompt_tokens);
+    w.put_uint(ctx.usage.prompt_tokens);
     w.put(R"(,"completion":)"sv);
-    w.put_uint(ctx.estimate.completion_tokens);
+    w.put_uint(ctx.usage.completion_tokens);
     w.put(R"(,"cached":)"sv);
-    w.put_uint(ctx.estimate.cached_tokens);
-    if (ctx.estimate.cache_write_tokens != 0) {
+    w.put_uint(ctx.usage.cached_tokens);
+    if (ctx.usage.cache_write_tokens != 0) {
       // (An Anthropic upstream's message_start said them: priced as cache writes, the 1-hour ones apart.)
       w.put(R"(,"cache_write":)"sv);
-      w.put_uint(ctx.estimate.cache_write_tokens);
+      w.put_uint(ctx.usage.cache_write_tokens);
       w.put(R"(,"cache_write_1h":)"sv);
-      w.put_uint(ctx.estimate.cache_write_1h_tokens);
+      w.put_uint(ctx.usage.cache_write_1h_tokens);
     }
     w.put(R"(,"source":"estimate"})"sv);
   }

@@ -89,7 +89,7 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.has_usage = false;
   ctx.usage = {};
   ctx.usage_invalid = false;
-  ctx.said_usage = {};
+  ctx.said_prompt = ctx.said_completion = false;
   ctx.has_choice_usage = false;
   ctx.choice_usage = {};
   ctx.completion_text_bytes = 0;  // (nor the text of its answer: none of it reached the client)

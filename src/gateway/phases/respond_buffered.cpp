@@ -508,7 +508,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
     ctx.completion_text_bytes = generates_text(ctx.route) ? text : 0;
     ctx.usage_invalid = hook.invalid();
-    ctx.said_usage = hook.partial();
+    ctx.set_said_usage(hook.partial());
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
       (hook.whole() ? ctx.usage : ctx.choice_usage) = hook.usage();
@@ -523,14 +523,16 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
     // (A generation's usage that left its prompt or completion count out: invalid, its other part said.)
     const auto route = generates_text(ctx.route) ? api::UsageRoute::generation : api::UsageRoute::pooling;
-    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain, &ctx.usage_invalid, &ctx.said_usage)
-                              : api::extract_usage(plain, &ctx.usage_invalid, route, &ctx.said_usage)) {
+    api::PartialUsage said;
+    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain, &ctx.usage_invalid, &said)
+                              : api::extract_usage(plain, &ctx.usage_invalid, route, &said)) {
       ctx.has_usage = true;
       ctx.usage = *u;
-    } else if (generates_text(ctx.route)) {
+    } else {
+      ctx.set_said_usage(said);
       // No usage (none, null, no count, or counts that do not read): the answer's text is what it is charged for
       // (settle(), unreported_usage()), as a stream's relayed text is. Read only then: one byte loop.
-      ctx.completion_text_bytes = api::answer_text_bytes(plain);
+      if (generates_text(ctx.route)) ctx.completion_text_bytes = api::answer_text_bytes(plain);
     }
   }
   ctx.status = status;

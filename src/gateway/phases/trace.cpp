@@ -146,9 +146,14 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
   r->error_source = ctx.has_error ? core::to_string(ctx.error_source) : std::string_view();
   r->error_code.assign(ctx.has_error ? std::string_view(ctx.error_code) : std::string_view());
   r->has_usage = ctx.has_usage;
-  r->prompt_tokens = ctx.usage.prompt_tokens;
-  r->completion_tokens = ctx.usage.completion_tokens;
-  r->cached_tokens = ctx.usage.cached_tokens;
+  // (`usage` holds the upstream's counts only with has_usage: else an estimate, or the parts it said.)
+  if (ctx.has_usage) {
+    r->prompt_tokens = ctx.usage.prompt_tokens;
+    r->completion_tokens = ctx.usage.completion_tokens;
+    r->cached_tokens = ctx.usage.cached_tokens;
+  } else {
+    r->prompt_tokens = r->completion_tokens = r->cached_tokens = 0;
+  }
   r->ttft_ns = ctx.t_first_token != core::TimePoint{} ? ns_between(t0, ctx.t_first_token) : -1;
   r->has_spend = ctx.principal != nullptr;
   r->spend_nano_usd = ctx.spend_nano_usd;
