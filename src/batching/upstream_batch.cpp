@@ -23,23 +23,10 @@ bool is_event_stream(std::string_view content_type) {
 }
 }  // namespace
 
-core::Task<void> Batch::send() {
-  auto self = shared_from_this();
-  if (b_ == nullptr) {  // the worker stopped before the batch could leave
-    finished();
-    fail_all(UpstreamFailure::cancelled);
-    co_return;
-  }
-  const BatchEnv& env = b_->env_;  // the batcher outlives every batch it sent (the worker's io_context stops first)
-  const core::PoolConfig& pc = *env.pool_cfg;
-  routing::WorkerPool& pool = *env.pool;
-  // Members that left between flush() and now are not sent at all.
+bool Batch::compose() {
   std::erase(members_, nullptr);
   for (std::size_t i = 0; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
-  if (members_.empty()) {
-    finished();
-    co_return;
-  }
+  if (members_.empty()) return false;
   if (mode_ == Mode::batch) {
     // The body: the first member's, with every member's prompt as a list.
     std::vector<std::string_view> prompts;
@@ -52,17 +39,37 @@ core::Task<void> Batch::send() {
     api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
   }
   sent_size_ = static_cast<std::uint32_t>(members_.size());
-  // (Over every member sent: a member that leaves later leaves its prompt in the body, and a retry's lead may
-  // be another member.)
+  // (Over every member sent: a member that leaves during the attempt leaves its prompt in the body.)
   mixed_tenants_ = std::any_of(members_.begin(), members_.end(),
                                [&](const BatchMember* m) { return m->req_.tenant != members_.front()->req_.tenant; });
-  // (Read now: a member that leaves later leaves its slot empty. Every member's is the same: it is in the key.)
+  return true;
+}
+
+core::Task<void> Batch::send() {
+  auto self = shared_from_this();
+  if (b_ == nullptr) {  // the worker stopped before the batch could leave
+    finished();
+    fail_all(UpstreamFailure::cancelled);
+    co_return;
+  }
+  const BatchEnv& env = b_->env_;  // the batcher outlives every batch it sent (the worker's io_context stops first)
+  const core::PoolConfig& pc = *env.pool_cfg;
+  routing::WorkerPool& pool = *env.pool;
+  // Members that left between flush() and now are not sent at all (nor, on a retry, those that left before it:
+  // each attempt is composed of the members present when it goes).
+  std::erase(members_, nullptr);
+  for (std::size_t i = 0; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
+  if (members_.empty()) {
+    finished();
+    co_return;
+  }
+  // (Read now: every member's is the same: it is in the key.)
   streamed_ = members_.front()->req_.stream;
   env.next_request_id(request_id_);
   attempts_.clear();
   if (env.stats && mode_ == Mode::batch) {
     ++env.stats->batches;
-    env.stats->members += sent_size_;
+    env.stats->members += static_cast<std::uint32_t>(members_.size());
   }
 
   // Picked as its first member alone would be (session, prefix affinity): the
@@ -108,6 +115,8 @@ core::Task<void> Batch::send() {
       }
       attempts.on_connected();
     }
+    // The attempt's prompts: the members present now (one that left in a backoff or a connect is not sent).
+    if (!compose()) break;
     // The head: the first member still here lends its request's end-to-end fields. Of a batch of several
     // tenants' prompts only Content-Type and Accept (any other may describe its client: trace context,
     // address, agent): the upstream, and whatever it traces or logs, would file the others' prompts under
@@ -152,6 +161,7 @@ core::Task<void> Batch::send() {
     const auto head_wait = whole_answer ? pc.timeouts.response
                            : streamed_  ? pc.timeouts.first_byte
                                         : std::min(pc.timeouts.first_byte, pc.timeouts.response);
+    in_flight_ = true;
     failure = co_await exchange_.start({.head = head_buf_, .body = body_, .first_byte = head_wait, .idle = idle});
     const auto t_answered = core::now();
     const int head_status = failure == UpstreamFailure::none ? exchange_.head().result_int() : 0;
@@ -217,6 +227,9 @@ core::Task<void> Batch::send() {
       if (!d.retry) break;
       note_attempt(ep_idx, 0, failure, sent_at_, v.stale);
     }
+    // This attempt is over: members that left during it (lingering) are settled, and are not in the next.
+    in_flight_ = false;
+    end_lingering(UpstreamFailure::cancelled);
     if (d.delay.count() > 0) {
       window_.expires_after(d.delay);
       co_await window_.async_wait(core::use_task);

@@ -59,7 +59,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void add(BatchMember& m) {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
     members_.push_back(&m);
-    joined_ = static_cast<std::uint32_t>(members_.size());
+    ++joined_;
     ++present_;
     if (state_ == State::streaming) {
       // A late member of a coalesced generation: what the others have had so far, then the rest.
@@ -102,11 +102,14 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // token, a failed answer as unbatched.
   void stalled() { judge(/*failed=*/true); }
   // Member `m` left (its client went away, or it was cut off). Returns true
-  // when it lingers: its prompt went upstream in a list the others still
-  // read, where vLLM generates it to its end (it aborts a request, never one
-  // prompt of it), so the member stays the batch's, reading nothing, until
-  // that prompt ends (its last choice chunk, or the batch's end or failure),
-  // and its request is charged what was generated for it (BatchMember::settled).
+  // when it lingers: its prompt is in the list of an attempt in flight that
+  // the others still read, where vLLM generates it to its end (it aborts a
+  // request, never one prompt of it), so the member stays the batch's,
+  // reading nothing, until that prompt ends (its last choice chunk, the
+  // batch's end or failure, or the attempt's failure before a retry), and
+  // its request is charged what was generated for it (BatchMember::settled).
+  // Between attempts (a retry's backoff, a connect) no prompt of it is
+  // upstream: it leaves at once, and the next attempt is sent without it.
   // `may_linger` false (its session is done with it: a new request, its
   // destruction, a fallback): it leaves at once, lingering or not.
   bool leave(BatchMember& m, bool may_linger) {
@@ -132,7 +135,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
     }
     // (Not when it was the last present: the request is aborted, which stops its prompt too; nor a coalesced
     // generation's member: the generation is whole for each member that stays, and charged to each.)
-    const bool linger = may_linger && mode_ == Mode::batch && sent_size_ > 0 && present_ > 0 && state_ != State::done;
+    const bool linger = may_linger && mode_ == Mode::batch && in_flight_ && present_ > 0 && state_ != State::done;
     if (linger)
       m.lingering_ = true;
     else
@@ -194,6 +197,22 @@ class Batch : public std::enable_shared_from_this<Batch> {
     for (auto* m : members_)
       if (m) fn(*m);
   }
+
+  // The attempt in flight is over without an answer to read (a status or failure the batch retries): the
+  // members that left during it and lingered are settled now (`f`: cancelled, charged nothing, as the same
+  // request alone whose client left), no longer the batch's; the next attempt is sent without them.
+  void end_lingering(UpstreamFailure f) {
+    for (auto*& m : members_) {
+      if (m == nullptr || !m->lingering_) continue;
+      BatchMember& gone = *m;
+      m = nullptr;
+      gone.end(f);
+    }
+  }
+  // An attempt's request from the members present now: members_ compacted (slot = position in the list),
+  // body_ built from their prompts (a coalesced generation: its first member's body), sent_size_ and
+  // mixed_tenants_ set. False when no member is left (nothing is sent).
+  bool compose();
 
   void fail_all(UpstreamFailure f) {
     for_present([&](BatchMember& m) { m.end(f); });
@@ -266,6 +285,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // kept after members_ is cleared (fail_all), so a member logged after that still says it.
   std::uint32_t joined_ = 0;
   State state_ = State::open;
+  // An attempt's request went upstream and its answer is the batch's (from its send until it failed before a
+  // retry, or to the batch's end): a member that leaves now lingers (leave).
+  bool in_flight_ = false;
   bool aborted_ = false;
   bool queue_place_ = false;                     // hold_queue_place()
   routing::WorkerPool* verdict_pool_ = nullptr;  // set while the answer's verdict waits for its first token (judge)

@@ -395,5 +395,47 @@ TEST_F(MicroBatcherTest, AMemberThatLeavesBeforeTheBatchLeavesIsNotSent) {
   EXPECT_EQ(body.at("prompt"), boost::json::parse(R"(["b","c"])"));
 }
 
+// A batch retried on its pool (a 503 with Retry-After) sends each attempt with the members present when it goes:
+// one that left during the failed attempt lingered only while that attempt was in flight (it is settled, charged
+// nothing, when the 503 came), and one that left in the backoff leaves at once; neither is in the retry's list.
+class MicroBatcherRetryTest : public MicroBatcherTest {
+ protected:
+  void SetUp() override {
+    cfg.retry.attempts = 3;
+    MicroBatcherTest::SetUp();
+    cfg.batch.max_size = 3;
+  }
+};
+
+TEST_F(MicroBatcherRetryTest, EachAttemptCarriesOnlyTheMembersStillThere) {
+  auto& a = join("a");
+  auto& b = join("b");
+  auto& c = join("c");
+  EXPECT_EQ(boost::json::parse(upstream_request()).as_object().at("prompt"), boost::json::parse(R"(["a","b","c"])"));
+  a.cancel();  // its client left while the attempt was in flight: it lingers
+  EXPECT_TRUE(a.lingering());
+  up.send("HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+  // The attempt failed: a is settled now (nothing was generated for it), and the batch waits to retry.
+  ASSERT_TRUE(run_until(io, [&] { return !a.lingering(); }));
+  EXPECT_EQ(a.linger_end(), http::UpstreamFailure::cancelled);
+  EXPECT_FALSE(a.seen_usage());
+  b.cancel();  // its client left in the backoff: it leaves at once
+  EXPECT_FALSE(b.lingering());
+  up.sock.close();
+  up.received.clear();
+  up.ec = {};
+  EXPECT_EQ(boost::json::parse(upstream_request()).as_object().at("prompt"), boost::json::parse(R"(["c"])"));
+  up.send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          http_chunk(sse(chunk(0, " c0", "\"length\"", 1))) + http_chunk(sse("[DONE]")) + "0\r\n\r\n");
+  ASSERT_TRUE(head_of(c));
+  Read rc;
+  read_all(c, rc);
+  ASSERT_TRUE(run_until(io, [&] { return rc.done; }));
+  EXPECT_EQ(rc.failure, http::UpstreamFailure::none);
+  EXPECT_NE(rc.bytes.find(" c0"), std::string::npos);
+  EXPECT_EQ(c.slot(), 0u);  // its place in the retry's list
+  EXPECT_EQ(stats.batches, 1u);
+}
+
 }  // namespace
 }  // namespace weir::batching
