@@ -431,6 +431,24 @@ bool find_members(std::string_view json, std::span<const std::string_view> keys,
   });
 }
 
+bool members_known_or_off(std::string_view json, std::span<const std::string_view> keys) {
+  const Scanner scan(json);
+  ObjectShape shape;
+  bool all = true;
+  const bool object = scan.for_each_member(shape, [&](const RawMember& m) {
+    if (!all) return;
+    const std::string_view v = json.substr(m.value_begin, m.value_end - m.value_begin);
+    if (v == "null" || v == "false") return;
+    const std::string_view k = scan.key_text(m);
+    if (std::memchr(k.data(), '\\', k.size()) == nullptr) {
+      all = std::binary_search(keys.begin(), keys.end(), k);
+    } else {
+      all = std::any_of(keys.begin(), keys.end(), [&](std::string_view key) { return escaped_equals(k, key); });
+    }
+  });
+  return object && all;
+}
+
 std::optional<ValueSpan> first_element(std::string_view json) {
   const Scanner scan(json);
   std::size_t i = scan.skip_ws(0);

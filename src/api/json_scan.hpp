@@ -68,6 +68,11 @@ bool remove_member(std::string_view json, std::string_view key, std::string& out
 bool find_members(std::string_view json, std::span<const std::string_view> keys,
                   std::span<std::optional<MemberSpan>> found);
 
+// Whether every top-level member of the object `json` is either named in
+// `keys` (sorted ascending, compared after JSON unescaping) or has the value
+// `null` or `false`. False if `json` is not an object.
+bool members_known_or_off(std::string_view json, std::span<const std::string_view> keys);
+
 // Byte offsets [begin, end) of one value in a scanned text.
 struct ValueSpan {
   std::size_t begin = 0;

@@ -74,18 +74,77 @@ bool client_members_valid(std::string_view body) {
   return true;
 }
 
+// The members of vLLM's CompletionRequest (v0.10) that change only what a non-streamed answer's choice says
+// (its text, finish_reason, stop_reason) and its usage, never its shape: a non-streaming member's answer is
+// assembled from the batch's stream in that shape (CompletionAssembler). Any other member that is set (not
+// null or false) may add to the answer what the assembler cannot rebuild from a stream (`return_token_ids`:
+// choices[].token_ids and prompt_token_ids; `kv_transfer_params`: the answer's own; a member of a later
+// vLLM), so such a request is not batched. Sorted (binary search). (`n`, `best_of`, `echo`, `logprobs`,
+// `prompt_logprobs`, `suffix` are checked apart: listed here, they are refused when set.)
+constexpr std::array<std::string_view, 45> kShapeNeutral = {
+    "add_special_tokens",
+    "allowed_token_ids",
+    "bad_words",
+    "best_of",
+    "cache_salt",
+    "echo",
+    "frequency_penalty",
+    "guided_choice",
+    "guided_decoding_backend",
+    "guided_grammar",
+    "guided_json",
+    "guided_regex",
+    "guided_whitespace_pattern",
+    "ignore_eos",
+    "include_stop_str_in_output",
+    "length_penalty",
+    "logit_bias",
+    "logprobs",
+    "max_tokens",
+    "min_p",
+    "min_tokens",
+    "model",
+    "n",
+    "presence_penalty",
+    "priority",
+    "prompt",
+    "prompt_logprobs",
+    "repetition_penalty",
+    "request_id",
+    "response_format",
+    "return_tokens_as_token_ids",
+    "seed",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "stop",
+    "stop_token_ids",
+    "stream",
+    "stream_options",
+    "structured_outputs",
+    "suffix",
+    "temperature",
+    "top_k",
+    "top_p",
+    "truncate_prompt_tokens",
+    "user",
+};
+static_assert(std::is_sorted(kShapeNeutral.begin(), kShapeNeutral.end()));
+
 }  // namespace
 
 std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key) {
-  static constexpr std::array<std::string_view, 7> kKeys = {"prompt",          "n",     "best_of", "echo", "logprobs",
-                                                            "prompt_logprobs", "suffix"};
+  static constexpr std::array<std::string_view, 8> kKeys = {"prompt",          "n",      "best_of", "echo", "logprobs",
+                                                            "prompt_logprobs", "suffix", "stream"};
   std::array<std::optional<MemberSpan>, kKeys.size()> f;
   if (!find_members(body, kKeys, f) || !client_members_valid(body)) return std::nullopt;
   const auto& prompt = f[0];
   if (!prompt || body[prompt->value_begin] != '"') return std::nullopt;
   if (f[1] && value_of(body, *f[1]) != "1" && value_of(body, *f[1]) != "null") return std::nullopt;
-  for (std::size_t i = 2; i < f.size(); ++i)
+  for (std::size_t i = 2; i < 7; ++i)
     if (set_and_not_off(body, f[i])) return std::nullopt;
+  // A non-streaming member's answer is assembled, in vLLM's non-streamed shape, from the batch's stream: only
+  // a request whose answer that shape holds whole (a streaming member's chunks are the upstream's bytes).
+  if ((!f[7] || value_of(body, *f[7]) != "true") && !members_known_or_off(body, kShapeNeutral)) return std::nullopt;
   std::string without_prompt;
   if (!remove_member(body, "prompt", without_prompt)) return std::nullopt;
   if (!remove_member(without_prompt, "user", key)) return std::nullopt;

@@ -35,7 +35,12 @@ namespace weir::api::openai {
 // not null/false, members the batch sets or drops that vLLM would refuse
 // unbatched (`user` not a string; `stream_options` without `"stream": true`,
 // or with other members than boolean include_usage/continuous_usage_stats),
-// and bodies that are not objects.
+// a non-streaming request with a member set (not null or false) other than
+// the sampling and output parameters that leave vLLM's non-streamed answer
+// its shape (its answer is assembled from the batch's stream in that shape:
+// CompletionAssembler; `return_token_ids`, `kv_transfer_params` or a member
+// Weir does not know could add to it what the stream cannot give back), and
+// bodies that are not objects.
 std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key);
 
 // Writes to `out` the batch's upstream body: `key` (its first member's key)

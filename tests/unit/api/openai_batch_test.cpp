@@ -56,6 +56,29 @@ TEST(CompletionBatchKey, NeverMergesWhatCannotBeSplit) {
     EXPECT_TRUE(key_of(body)) << body;
 }
 
+// A non-streaming member's answer is assembled in vLLM's non-streamed shape: a request with a member that may
+// add to that shape (vLLM's return_token_ids, kv_transfer_params, one Weir does not know) is not batched; a
+// streaming one (its chunks are the upstream's bytes) is.
+TEST(CompletionBatchKey, NonStreamingOnlyWhenTheAssembledShapeHoldsItsAnswer) {
+  for (std::string_view body : {
+           R"({"model":"m","prompt":"a","return_token_ids":true})",
+           R"({"model":"m","prompt":"a","kv_transfer_params":{"do_remote_decode":true}})",
+           R"({"model":"m","prompt":"a","vllm_xargs":{"k":1}})",
+           R"({"model":"m","prompt":"a","stream":false,"some_new_flag":1})",
+           R"({"model":"m","prompt":"a","\u0072eturn_token_ids":true})",  // (an escaped key is still read)
+       })
+    EXPECT_FALSE(key_of(body)) << body;
+  for (std::string_view body : {
+           R"({"model":"m","prompt":"a","return_token_ids":false,"kv_transfer_params":null})",
+           R"({"model":"m","prompt":"a","max_tokens":5,"temperature":0.2,"top_p":0.9,"top_k":5,"seed":1,)"
+           R"("stop":["x"],"frequency_penalty":0.1,"presence_penalty":0.1,"repetition_penalty":1.1,"min_p":0.1,)"
+           R"("ignore_eos":true,"min_tokens":1,"logit_bias":{"1":2},"guided_json":{},"user":"u","stream":false})",
+           R"({"model":"m","prompt":"a","stream":true,"return_token_ids":true})",
+           R"({"model":"m","prompt":"a","stream":true,"vllm_xargs":{"k":1}})",
+       })
+    EXPECT_TRUE(key_of(body)) << body;
+}
+
 TEST(CompletionBatch, BodyHasEveryPromptStreamAndPerChunkUsage) {
   std::string key, scratch, out;
   ASSERT_TRUE(completion_batch_key(R"({"model":"m","prompt":"x","max_tokens":3})", key));
