@@ -48,6 +48,7 @@ void RequestContext::reset() {
   upstream_status = 0;
   committed = false;
   drain_cut = false;
+  answered_lingering = false;
   retries = 0;
   fallback_step = 0;
   fallback_limit = 0xff;

@@ -166,6 +166,9 @@ struct RequestContext {
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
   bool committed = false;                  // a byte of the response reached the client's queue: nothing can be retried
   bool drain_cut = false;                  // the drain deadline cut it off (GatewayPhases::cut_for_shutdown)
+  // A micro-batch member cut off (its deadline) whose prompt the upstream still generates: its answer went out,
+  // and its log line waits for that prompt's end (proxy_batched). Its stream slot stays held until then.
+  bool answered_lingering = false;
   std::uint32_t retries = 0;
   // Fallbacks (models.X.fallbacks): steps taken along target.fallbacks, and
   // how many the request allows (x-weir-fallbacks; at most the chain's length).

@@ -136,6 +136,10 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
     o = after_cutoff(ctx, std::move(o));
   }
+  // A non-streamed member that got no answer (502, 504) saw no head of its
+  // own: the batch's 2xx head is not its, so it is charged nothing, as the
+  // same request alone, failing before its head, would be (settle()) -- unless it lingers (below).
+  if (!ctx.stream && !ctx.committed && !o.is_responded() && !o.goes_on()) ctx.upstream_status = 0;
   if (member_->lingering()) {
     // The member left (its client went, its deadline cut it) after its prompt went upstream in a list others
     // still read: vLLM generates it to its end all the same. Its request (and its tenant's stream slot) stays
@@ -148,6 +152,18 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     if (ctx.fail_over) {
       member_->forget();
     } else {
+      if (o.is_failed() && !down_.client_gone() && !down_.closed() && !ctx.drain_cut) {
+        // Cut off with its client still there (its deadline): the client gets its answer now (a 504, or a
+        // stream's in-band error and end), as unbatched -- the deadline bounds the request's whole time --
+        // and only its settlement (its log line, its charge, its stream slot) waits for the prompt's end.
+        // The connection is not read again until then: a whole answer says so (Connection: close), so the
+        // client's next request goes on a connection of its own rather than wait; a stream's head went out
+        // with keep-alive, so a request sent next on it is read after the settlement.
+        if (!ctx.committed) down_.no_keep_alive();
+        ctx.answered_lingering = true;
+        co_await fail(ctx, o.error());
+        o = Outcome::responded();
+      }
       // (A wait for the model server to end the member's prompt: its time, not Weir's (added_us).)
       const auto from = core::now();
       co_await member_->settled();
@@ -164,10 +180,6 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
       }
     }
   }
-  // A non-streamed member that got no answer (502, 504) saw no head of its
-  // own: the batch's 2xx head is not its, so it is charged nothing, as the
-  // same request alone, failing before its head, would be (settle()).
-  if (!ctx.stream && !ctx.committed && !o.is_responded() && !o.goes_on()) ctx.upstream_status = 0;
   co_return o;
 }
 

@@ -97,7 +97,8 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         }
       }
       if (ctx.capture) capture_response(ctx, ctx.scratch);
-      ctx.ticket.release_streams();  // (the stream's last bytes)
+      // (The stream's last bytes; not a member whose prompt is still generated upstream: proxy_batched.)
+      if (!ctx.answered_lingering) ctx.ticket.release_streams();
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();
@@ -305,6 +306,8 @@ void GatewayPhases::settle(RequestContext& ctx) {
 
 void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
   if (ctx.drain_cut || down_.closed() || down_.client_gone()) return;  // (a client that left first is its 499)
+  // A batch member answered at its deadline, waiting for its prompt's end upstream: its answer is whole.
+  if (ctx.answered_lingering) return;
   // A stream whose end went out waits only for the upstream's end: not cut.
   // (A buffered answer still in flight is: its write is under way.)
   if (ctx.committed && ctx.stream && ctx.hooks.done_relayed() && !down_.writing() && down_.queue_empty()) return;

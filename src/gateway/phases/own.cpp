@@ -26,7 +26,9 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
   http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,
                                  ctx.rate_limit_lines, extra, down_.connection_mode());
   const std::string_view body = down_.head_request() ? std::string_view{} : r.body;
-  ctx.ticket.release_streams();  // (the request's last bytes: its stream slot is free before the client reads them)
+  // (The request's last bytes: its stream slot is free before the client reads them. Not a batch member's
+  // whose prompt is still generated upstream: it is held until that ends, proxy_batched.)
+  if (!ctx.answered_lingering) ctx.ticket.release_streams();
   if (!co_await down_.write_all(ctx.head, body)) ctx.status = 499;
 }
 
