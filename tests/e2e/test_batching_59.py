@@ -203,6 +203,8 @@ def test_a_member_cut_by_its_deadline_is_answered_at_it_not_at_its_prompts_end(u
     else:
         assert dead.status_code == 504, dead.text
         assert dead.json()["error"]["code"] == "deadline_exceeded", dead.text
+        # Its connection is read again only after the settlement: the client's next request goes on another.
+        assert dead.headers.get("connection") == "close", dead.headers
     # One log line, written once the prompt ended upstream: charged what was generated for it (its 3 tokens).
     line = w.log_for("dead", timeout=10)
     assert line["status"] == (200 if stream else 504), line
