@@ -2,6 +2,7 @@
 // budgets in one pipelined round trip), refills, outages and shutdown.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -11,6 +12,7 @@
 #include "admission/redis_limiter.hpp"
 #include "admission/redis_limiter_state.hpp"
 #include "admission/redis_scripts.hpp"
+#include "core/keep_running.hpp"
 #include "core/saturating.hpp"
 
 namespace weir::admission {
@@ -48,7 +50,14 @@ void RedisLimiter::start() {
   loop_->again = true;  // the first sync (every budget) at once
   loop_->done.expires_at(Timer::time_point::max());
   client_->start();
-  asio::co_spawn(control_, run(), asio::detached);
+  // (Started again after an exception: with its wait first, never at once into the sync that threw.)
+  asio::co_spawn(control_,
+                 core::keep_running("the Redis limiter sync",
+                                    [this, first = true]() mutable {
+                                      if (!std::exchange(first, false)) loop_->again = false;
+                                      return run();
+                                    }),
+                 asio::detached);
 }
 
 void RedisLimiter::wake() {

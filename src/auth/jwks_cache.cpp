@@ -2,6 +2,7 @@
 #include "core/note.hpp"
 
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -144,8 +145,12 @@ void JwksCache::fetch_now() {
 
 void JwksCache::on_result(JwksSource::Result r) {
   in_flight_ = false;
-  tl::expected<bool, std::string> installed =
-      r ? install(*r) : tl::expected<bool, std::string>(tl::unexpect, std::move(r.error()));
+  tl::expected<bool, std::string> installed(tl::unexpect, std::string());
+  try {  // (a document this code did not foresee: a failed fetch, said; the refreshes go on)
+    installed = r ? install(*r) : tl::expected<bool, std::string>(tl::unexpect, std::move(r.error()));
+  } catch (const std::exception& e) {
+    installed = tl::unexpected(std::string("cannot read the key set: ") + e.what());
+  }
   const bool ok = installed.has_value();
   if (again_) {      // a reload asked while this fetch was under way: its answer may predate the reload
     again_ = false;  // (the next answer completes the waiters, and says a failure)

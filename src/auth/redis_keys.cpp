@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
 
 #include <fmt/format.h>
@@ -125,7 +126,14 @@ store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   const std::string key = redis_key(options_.key_prefix, digest);
   auto reply = co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3],
                                                      kFields[4], kFields[5], kFields[6], kFields[7]});
-  const KeyLookup result = interpret(reply);
+  KeyLookup result;
+  try {
+    result = interpret(reply);
+  } catch (const std::exception& e) {  // a record this code did not foresee: refused, and its waiters answered
+    log_invalid(fmt::format("a key record cannot be read ({}); requests with that key are refused", e.what()));
+    result = KeyLookup{};
+    result.status = KeyLookup::Status::invalid;
+  }
   switch (result.status) {
     case KeyLookup::Status::found:
       found_.fetch_add(1, std::memory_order_relaxed);

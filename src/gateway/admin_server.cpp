@@ -20,6 +20,7 @@
 #include "auth/jwt.hpp"
 #include "core/calendar.hpp"
 #include "core/json_text.hpp"
+#include "core/keep_running.hpp"
 #include "core/listen_probe.hpp"
 #include "core/note.hpp"
 #include "core/text.hpp"
@@ -215,7 +216,9 @@ void AdminServer::start() {
   asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached);
   if (keys_ && keys_->persistent() && !redis_) {
     watching_ = true;
-    asio::co_spawn(control_.get_executor(), watch_keys_file(), asio::detached);
+    asio::co_spawn(control_.get_executor(),
+                   core::keep_running("the admin.keys_file watcher", [this] { return watch_keys_file(); }),
+                   asio::detached);
   }
 }
 

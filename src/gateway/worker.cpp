@@ -15,6 +15,7 @@
 #include <boost/asio/post.hpp>
 #include "http/probe.hpp"
 
+#include "core/keep_running.hpp"
 #include "core/listen_probe.hpp"
 #include "core/note.hpp"
 #include "core/time.hpp"
@@ -182,7 +183,7 @@ void Worker::start_probes(const WorkerGeneration& g, const WorkerGeneration* bef
     bool running = false;  // an unchanged pool's loop goes on
     if (before)
       for (const auto& q : before->pools) running = running || q == p;
-    if (!running) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
+    if (!running) asio::co_spawn(io_.get_executor(), probe_pool(p), asio::detached);
   }
 }
 
@@ -447,6 +448,12 @@ void Worker::trim_when_idle() {
   if (trimmed_ || now - idle_since_ < kTrimAfter) return;
   trimmed_ = true;
   ::malloc_trim(0);
+}
+
+http::Task<void> Worker::probe_pool(std::shared_ptr<routing::WorkerPool> pool) {
+  const std::string what = fmt::format("worker {}: the health checks of pool {}", index_, pool->config().name);
+  const auto* held = &pool;  // (keep_running takes what it calls by pointer: GCC 12)
+  co_await core::keep_running(what, [this, held] { return probe_loop(*held); });
 }
 
 http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_ptr) {

@@ -186,6 +186,8 @@ class Worker {
   // Active health probes of `pool`'s endpoints (pools.X.health), every
   // interval, until the worker stops or a reload retires the pool.
   http::Task<void> probe_loop(std::shared_ptr<routing::WorkerPool> pool);
+  // probe_loop(pool), started again after an exception (said on stderr: core::keep_running).
+  http::Task<void> probe_pool(std::shared_ptr<routing::WorkerPool> pool);
   // This worker's view of `g`: the pools and batchers of `current` that `g`
   // keeps (unchanged pools), new ones for the rest (carrying endpoint state).
   std::shared_ptr<WorkerGeneration> make_generation(std::shared_ptr<const Generation> g, WorkerGeneration* current);

@@ -6,6 +6,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include "core/keep_running.hpp"
 #include "core/note.hpp"
 #include "http/probe.hpp"
 #include "http/shortage.hpp"
@@ -55,10 +56,6 @@ http::ShortageLog& shortage_log() {
 // (`t` by reference: GCC 12 miscopies coroutine parameters passed on the stack.)
 http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   auto ex = co_await boost::asio::this_coro::executor;
-  struct Running {
-    std::shared_ptr<std::size_t> n;
-    ~Running() { --*n; }
-  } running{t.running};
   const auto& lm = t.pool->load_metrics;
   http::Timer next(ex);
   auto due = std::chrono::steady_clock::now() + lm.interval * t.index / (t.count + 1);
@@ -133,6 +130,17 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   }
 }
 
+// One endpoint's scrapes until stop(), started again after an exception (core::keep_running).
+http::Task<void> scrape(const LoadScraper::Target& t) {
+  struct Running {
+    std::shared_ptr<std::size_t> n;
+    ~Running() { --*n; }
+  } running{t.running};
+  const std::string what =
+      fmt::format("the load scrape of pool {} endpoint {}", t.pool->name, t.pool->endpoints[t.index].display);
+  co_await core::keep_running(what, [&t] { return scrape_loop(t); });
+}
+
 }  // namespace
 
 LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& cfg,
@@ -161,7 +169,7 @@ LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& c
 void LoadScraper::start() {
   for (const auto& t : targets_) {
     ++*running_;
-    boost::asio::co_spawn(io_.get_executor(), scrape_loop(t), boost::asio::detached);
+    boost::asio::co_spawn(io_.get_executor(), scrape(t), boost::asio::detached);
   }
 }
 

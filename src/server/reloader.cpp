@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 
 #include "core/config.hpp"
+#include "core/keep_running.hpp"
 #include "core/note.hpp"
 
 namespace weir::server {
@@ -97,7 +98,10 @@ void Reloader::arm_watch() {
   if (stopped_ || source_.file.empty()) return;
   if (shared_.generation->config->server.watch_config.count() <= 0) return;
   watching_ = true;
-  boost::asio::co_spawn(control_, watch_loop(), boost::asio::detached);
+  boost::asio::co_spawn(
+      control_,
+      core::keep_running("the configuration file watcher (server.watch_config)", [this] { return watch_loop(); }),
+      boost::asio::detached);
 }
 
 core::Task<void> Reloader::watch_loop() {
