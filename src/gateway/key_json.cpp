@@ -288,10 +288,15 @@ AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const s
 AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const std::string& param) {
   if (v.is_null()) return std::int64_t{0};
   std::int64_t s = 0;
-  if (v.is_uint64() && v.get_uint64() > static_cast<std::uint64_t>(INT64_MAX)) {
-    s = INT64_MAX;  // refused below
-  } else if (auto i = integer_text(v)) {
-    s = std::stoll(*i);
+  if (v.is_int64()) {
+    s = v.get_int64();
+  } else if (v.is_uint64()) {
+    s = INT64_MAX;  // past int64 (Boost.JSON holds the rest as int64): refused below
+  } else if (v.is_double() && std::isfinite(v.get_double()) && std::trunc(v.get_double()) == v.get_double()) {
+    // A whole number written with an exponent or a fraction of zeros (1e9, 2e9, 1.5e9): any double,
+    // 1e30 or -1e30 too, so it is compared as a double, never converted past int64's range.
+    const double d = v.get_double();
+    s = d < 1 ? 0 : d > 253402300799.0 ? INT64_MAX : static_cast<std::int64_t>(d);  // (out of range: refused below)
   } else if (v.is_string()) {
     if (!core::parse_rfc3339(v.get_string(), s, core::RoundSeconds::up))  // never before the instant given
       return tl::unexpected(admin_bad_request(

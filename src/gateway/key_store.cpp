@@ -186,7 +186,9 @@ tl::expected<void, std::string> KeyStore::read_file(std::string& text, FileStamp
   return {};
 }
 
-tl::expected<std::vector<KeyRecord>, std::string> KeyStore::parse_file(const std::string& text) const {
+// (A function try block: an exception from a reading this code did not foresee refuses the file as an
+// invalid one, said with the rest; it never ends start-up or the watcher.)
+tl::expected<std::vector<KeyRecord>, std::string> KeyStore::parse_file(const std::string& text) const try {
   boost::system::error_code ec;
   // Deeper than Boost.JSON's default (32): metadata up to kMaxMetadataDepth
   // sits three levels in (and files written before that limit, up to 30).
@@ -232,6 +234,8 @@ tl::expected<std::vector<KeyRecord>, std::string> KeyStore::parse_file(const std
     ++i;
   }
   return keys;
+} catch (const std::exception& e) {
+  return tl::unexpected(fmt::format("admin.keys_file {}: cannot be read: {}", file_, e.what()));
 }
 
 tl::expected<bool, std::string> KeyStore::refresh() { return refresh(false); }
