@@ -154,9 +154,15 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
   if (shared_.redis_keys && shared_.auth_policy)
     redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy);
+  // A route takes no query parameter unless it says so (`query`): one it would ignore is a 400, as
+  // /admin/v1/requests' unknown ones are ("?tenant=acme" on /admin/v1/keys is no filter: a script that
+  // revoked what it listed would revoke every tenant's keys). /metrics and /ready take any (a
+  // Prometheus job's params:, a prober's own).
   auto route = [this](const char* method, const char* pattern,
-                      core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&)) {
-    router_.add(method, pattern, [this, fn](AdminRequest& r) { return (this->*fn)(r); });
+                      core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&), bool query = false) {
+    router_.add(method, pattern, [this, fn, query](AdminRequest& r) {
+      return query || !first_query_parameter(r.query) ? (this->*fn)(r) : query_refused(r);
+    });
   };
   route("GET", "/admin/v1/keys", &AdminServer::list_keys);
   route("POST", "/admin/v1/keys", &AdminServer::create_key);
@@ -166,12 +172,12 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   route("POST", "/admin/v1/keys/{id}/rotate", &AdminServer::rotate_key);
   route("GET", "/admin/v1/tenants", &AdminServer::list_tenants);
   route("GET", "/admin/v1/tenants/{name}", &AdminServer::get_tenant);
-  route("GET", "/admin/v1/requests", &AdminServer::list_requests);
+  route("GET", "/admin/v1/requests", &AdminServer::list_requests, true);
   route("GET", "/admin/v1/requests/{id}", &AdminServer::get_request);
   route("GET", "/admin/v1/stats", &AdminServer::stats);
   route("GET", "/admin/v1/pools", &AdminServer::pools);
-  route("GET", "/metrics", &AdminServer::metrics);
-  route("GET", "/ready", &AdminServer::ready);
+  route("GET", "/metrics", &AdminServer::metrics, true);
+  route("GET", "/ready", &AdminServer::ready, true);
   if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config());
 }
 
@@ -521,6 +527,23 @@ core::Task<AdminResponse> AdminServer::ready(AdminRequest&) {
   AdminResponse r = error_response(AdminError{503, "server_error", "service_unavailable", std::move(why), {}});
   r.headers.emplace_back("Retry-After", "1");
   co_return r;
+}
+
+std::optional<std::string_view> AdminServer::first_query_parameter(std::string_view query) {
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view{} : query.substr(amp + 1);
+    if (!pair.empty()) return pair.substr(0, pair.find('='));
+  }
+  return std::nullopt;
+}
+
+core::Task<AdminResponse> AdminServer::query_refused(AdminRequest& r) {
+  const std::string_view name = core::utf8_prefix(first_query_parameter(r.query).value_or(""), 64);
+  co_return error_response(admin_bad_request(
+      fmt::format("Unrecognized query parameter: '{}' ({} {} takes no query parameters)", name, r.method, r.path),
+      std::string(name)));
 }
 
 core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {

@@ -180,6 +180,9 @@ class AdminServer {
   // and the token checked again: an admin JWT with a new kid works at once,
   // for jwks_url and jwks_file alike. `authorization` must outlive the await.
   core::Task<tl::expected<void, AdminError>> authorize(std::string_view authorization);
+  // The first name=value pair's name in `query` (after '?', undecoded; "" for "=x"), none when it holds
+  // no pair ("", "&&": as /admin/v1/requests reads them).
+  static std::optional<std::string_view> first_query_parameter(std::string_view query);
 
  private:
   core::Task<void> accept_loop();
@@ -244,6 +247,8 @@ class AdminServer {
   // (saved, not yet in force on that many workers; docs/admin-api.md).
   static AdminResponse applied_response(int status, boost::json::object& o, std::size_t pending);
 
+  // A route that takes no query parameter was given one: 400 invalid_request_error naming it (param).
+  core::Task<AdminResponse> query_refused(AdminRequest& r);
   core::Task<AdminResponse> list_keys(AdminRequest& r);
   core::Task<AdminResponse> create_key(AdminRequest& r);
   core::Task<AdminResponse> get_key(AdminRequest& r);
