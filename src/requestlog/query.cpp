@@ -11,6 +11,7 @@
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "core/time.hpp"
+#include "requestlog/store.hpp"
 
 namespace weir::requestlog {
 
@@ -408,6 +409,14 @@ PgResult Reader::exec_pg(const char* sql, const std::vector<const char*>& params
   return r;
 }
 
+namespace {
+
+// A text value the writer could have stored in a PostgreSQL column: valid UTF-8 without NUL. Any other
+// matches no row (and is never sent: the server refuses it as a parameter).
+bool storable(std::string_view v) { return v.find('\0') == std::string_view::npos && valid_utf8(v); }
+
+}  // namespace
+
 tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
   auto unavailable = [&](const std::string& why) {
     pg_.close();  // a server restarted, a network blip: connect again next time
@@ -438,10 +447,11 @@ tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
   }
   sql += " ORDER BY ts_us DESC, id DESC LIMIT " + param(std::to_string(q.limit + 1), "::bigint");
   std::vector<const char*> params;
-  // A filter value with a NUL byte matches no stored row (PostgreSQL text cannot hold one).
+  // A filter value with a NUL byte or not valid UTF-8 (%FF) matches no stored row, as on SQLite: the
+  // writer stores valid UTF-8 only (make_valid), and PostgreSQL text holds no NUL (the server would refuse
+  // the value: "invalid byte sequence for encoding UTF8", a 503 that dropped this connection).
   for (const auto& v : values) {
-    if (v.find('\0') != std::string::npos)
-      return std::string(R"({"object":"list","data":[],"has_more":false,"next_cursor":null})");
+    if (!storable(v)) return std::string(R"({"object":"list","data":[],"has_more":false,"next_cursor":null})");
     params.push_back(v.c_str());
   }
   PgResult r = exec_pg(sql.c_str(), params, error);
@@ -466,7 +476,7 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_pg(std::string
   std::string error;
   if (!pg_ && !pg_.connect(path_, error)) return unavailable(error);
   const std::string id(request_id);
-  if (id.find('\0') != std::string::npos) return std::optional<std::string>();
+  if (!storable(id)) return std::optional<std::string>();  // (no such row: as query_pg's filters)
   PgResult r = exec_pg(
       "SELECT record, bodies, count(*) OVER () FROM requests WHERE request_id = $1 "
       "ORDER BY ts_us DESC, id DESC LIMIT 1",
