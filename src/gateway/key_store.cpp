@@ -36,7 +36,15 @@ namespace json = boost::json;
 
 namespace {
 
+// In characters (Unicode code points), as the OpenAPI file's maxLength counts (JSON Schema: RFC 8259's
+// characters): at most 1 KiB of UTF-8.
 constexpr std::size_t kMaxName = 256;
+
+// The code points in `s` (valid UTF-8, as Boost.JSON's strings are): its bytes that start one.
+std::size_t code_points(std::string_view s) {
+  return static_cast<std::size_t>(
+      std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
 
 AdminError internal(std::string message) { return AdminError{500, "server_error", {}, std::move(message), {}}; }
 
@@ -56,9 +64,9 @@ bool configured_tenant(const auth::AuthConfig& base, const std::string& name) {
 
 AdminResult<std::string> parse_name(const json::value& v) {
   if (v.is_null()) return std::string();
-  if (!v.is_string() || v.get_string().size() > kMaxName)
+  if (!v.is_string() || code_points(v.get_string()) > kMaxName)
     return tl::unexpected(
-        admin_bad_request(fmt::format("name must be a string of at most {} bytes", kMaxName), "name"));
+        admin_bad_request(fmt::format("name must be a string of at most {} characters", kMaxName), "name"));
   // As the configuration's names: a control character (\u0000, \u001b) is refused, not stored and shown.
   if (auto why = core::name_text_error(v.get_string()); !why.empty())
     return tl::unexpected(admin_bad_request("name: " + why, "name"));
