@@ -998,5 +998,65 @@ TEST(UpstreamModels, AModelsObjectKeepsIntegersBeyond64Bits) {
   EXPECT_EQ(*plain, R"({"id":"m","n":1})");
 }
 
+// Stop 59: an expires_at a JSON double past int64 (1e30, -1e30, 1e19, 9.3e18) threw std::out_of_range from
+// std::stoll: the admin connection dropped, a keys file with it aborted start-up. Each is a 400 (a keys file:
+// an invalid file, said), and a whole double within range is still Unix seconds.
+TEST(KeyStore, AnExpiryPastInt64IsRefusedNeverThrown) {
+  KeyStore store(base_auth(), "");
+  for (const char* v : {"1e30", "-1e30", "1e19", "9.3e18", "-9.3e18", "1.8446744073709552e19", "1e300", "-1e300",
+                        "253402300800", "2.534023008e11", "0.0", "-0.0", "-1", "-9223372036854775808",
+                        "9223372036854775807", "9223372036854775808", "18446744073709551615"}) {
+    auto r = store.create(obj(std::string(R"({"tenant":"acme","expires_at":)") + v + "}"), 1);
+    ASSERT_FALSE(r) << v;
+    EXPECT_EQ(r.error().status, 400) << v;
+    EXPECT_EQ(r.error().param, "expires_at") << v;
+  }
+  auto a = store.create(obj(R"({"tenant":"acme","expires_at":2e9})"), 1);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->record.expires_at, 2000000000);
+  auto b = store.create(obj(R"({"tenant":"acme","expires_at":2.534023007990e11})"), 1);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->record.expires_at, 253402300799);
+  auto u = store.update(a->record.id, obj(R"({"expires_at":1e19})"));
+  ASSERT_FALSE(u);
+  EXPECT_EQ(u.error().param, "expires_at");
+
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-expiry59-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  std::ofstream(file) << R"({"version":1,"keys":[{"id":"vk_1","tenant":"acme","sha256":")" << std::string(64, 'a')
+                      << R"(","expires_at":1e30}]})";
+  KeyStore f(base_auth(), file);
+  auto loaded = f.load();
+  ASSERT_FALSE(loaded);
+  EXPECT_NE(loaded.error().find("keys[0]: expires_at: "), std::string::npos) << loaded.error();
+  std::filesystem::remove_all(dir);
+}
+
+// Stop 59: JSON Schema's maxLength (the OpenAPI file's 256 for a key's name) counts characters, not bytes.
+TEST(KeyStore, ANamesLimitIsInCharacters) {
+  KeyStore store(base_auth(), "");
+  std::string e256;
+  for (int i = 0; i < 256; ++i) e256 += "\u00e9";  // 512 bytes
+  auto a = store.create(obj(R"({"tenant":"acme","name":")" + e256 + "\"}"), 1);
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_EQ(a->record.name, e256);
+  auto b = store.create(obj(R"({"tenant":"acme","name":")" + e256 + "x\"}"), 1);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().param, "name");
+  EXPECT_NE(b.error().message.find("at most 256 characters"), std::string::npos) << b.error().message;
+  EXPECT_FALSE(store.create(obj(R"({"tenant":"acme","name":")" + std::string(257, 'a') + "\"}"), 1));
+  EXPECT_TRUE(store.create(obj(R"({"tenant":"acme","name":")" + std::string(256, 'a') + "\"}"), 1));
+}
+
+TEST(AdminServer, FindsTheFirstQueryParameter) {
+  EXPECT_FALSE(AdminServer::first_query_parameter(""));
+  EXPECT_FALSE(AdminServer::first_query_parameter("&&"));
+  EXPECT_EQ(AdminServer::first_query_parameter("tenant=nobody"), "tenant");
+  EXPECT_EQ(AdminServer::first_query_parameter("&limit"), "limit");
+  EXPECT_EQ(AdminServer::first_query_parameter("=x&y=1"), "");
+}
+
 }  // namespace
 }  // namespace weir::gateway
