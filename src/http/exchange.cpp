@@ -125,23 +125,29 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
   TlsStream* tls = conn_->tls();
   error_code ec;
+  std::size_t written = 0;
   if (tls) {
     // Through the TLS stream's composed write (OpenSSL may also need to read while writing).
     auto [wec, wn] = co_await asio::async_write(tls->stream, bufs, use_task);
     ec = wec;
+    written = wn;
   } else {
     auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
     ec = wec;
-    // An upstream may answer before it read the whole body (a 413, an early
-    // error) and close: the write then fails while its answer waits in the
-    // socket, readable before the reset. It is read and relayed, as Envoy
-    // does, not taken for a reset (RFC 9112 §9.3: a client sending a body
-    // watches for an error response); with no answer there the read below
-    // fails as the write did. The connection is not reused.
-    if (wn > 0 && (ec == asio::error::broken_pipe || ec == asio::error::connection_reset)) [[unlikely]] {
-      cut_off_ = true;
-      ec = {};
-    }
+    written = wn;
+  }
+  // An upstream may answer before it read the whole body (a 413, an early
+  // error) and close: the write then fails while its answer waits in the
+  // socket, readable before the reset. It is read and relayed, as Envoy
+  // does, not taken for a reset (RFC 9112 §9.3: a client sending a body
+  // watches for an error response); with no answer there the read below
+  // fails as the write did. The connection is not reused. Over TLS alike:
+  // the failure is the socket's (Asio's engine writes OpenSSL's records),
+  // and the TLS session reads on (`written`: the plaintext whose records
+  // went out whole).
+  if (written > 0 && (ec == asio::error::broken_pipe || ec == asio::error::connection_reset)) [[unlikely]] {
+    cut_off_ = true;
+    ec = {};
   }
   // Written: the wait for the answer begins (the caller's measure of the upstream's time, not Weir's).
   written_at_ = std::chrono::steady_clock::now();
