@@ -4,6 +4,7 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 
+#include <atomic>
 #include <vector>
 
 #include <fmt/format.h>
@@ -18,7 +19,8 @@ namespace {
 
 // The sessions of one thread: one per (context, address, name), newest ticket kept.
 struct CachedSession {
-  const TlsClient* client;
+  std::uint64_t client;                  // TlsClient::id()
+  std::weak_ptr<const TlsClient> owner;  // expired: the context is gone, and the entry with it
   tcp::endpoint addr;
   std::string name;
   SSL_SESSION* session;
@@ -31,10 +33,18 @@ struct SessionCache {
   ~SessionCache() {
     for (auto& e : entries) SSL_SESSION_free(e.session);
   }
-  CachedSession* find(const TlsClient* c, const tcp::endpoint& a, std::string_view n) {
+  CachedSession* find(std::uint64_t c, const tcp::endpoint& a, std::string_view n) {
     for (auto& e : entries)
       if (e.client == c && e.addr == a && e.name == n) return &e;
     return nullptr;
+  }
+  // Drops the sessions of contexts no longer alive (the old generation's after a reload).
+  void prune() {
+    std::erase_if(entries, [](CachedSession& e) {
+      if (!e.owner.expired()) return false;
+      SSL_SESSION_free(e.session);
+      return true;
+    });
   }
 };
 thread_local SessionCache t_sessions;
@@ -50,7 +60,7 @@ int stream_slot() {
 // the original stays OpenSSL's.
 int on_new_session(SSL* ssl, SSL_SESSION* session) {
   const auto* s = static_cast<const TlsStream*>(SSL_get_ex_data(ssl, stream_slot()));
-  if (!s || !s->session_client) return 0;
+  if (!s || s->session_client == 0 || s->session_owner.expired()) return 0;
   // A copy: the connection's own session is marked not resumable when the
   // connection is closed without a TLS shutdown (how pooled connections end).
   SSL_SESSION* copy = SSL_SESSION_dup(session);
@@ -60,7 +70,9 @@ int on_new_session(SSL* ssl, SSL_SESSION* session) {
     SSL_SESSION_free(e->session);
     e->session = session;
   } else {
+    t_sessions.prune();
     t_sessions.entries.push_back({.client = s->session_client,
+                                  .owner = s->session_owner,
                                   .addr = s->session_addr,
                                   .name = std::string(s->session_name),
                                   .session = session});
@@ -79,7 +91,12 @@ std::string openssl_reason() {
 }
 }  // namespace
 
-TlsClient::TlsClient(bool verify) : ctx_(ssl::context::tls_client), verify_(verify) {}
+namespace {
+std::atomic<std::uint64_t> g_next_client_id{1};
+}  // namespace
+
+TlsClient::TlsClient(bool verify)
+    : ctx_(ssl::context::tls_client), verify_(verify), id_(g_next_client_id.fetch_add(1, std::memory_order_relaxed)) {}
 
 namespace {
 // The SSL ex_data slot that points at a connection's TlsStream (prepare_client).
@@ -91,6 +108,14 @@ int stream_index() {
 int on_certificate_request(SSL* ssl, void*) {
   if (auto* s = static_cast<TlsStream*>(SSL_get_ex_data(ssl, stream_index()))) s->certificate_requested = true;
   return 1;
+}
+// OpenSSL's passphrase callback while a PEM file loads: an encrypted key
+// asks for one. Without it OpenSSL prompts on the terminal (or reads
+// stdin), which hangs start-up, --check and a reload. None is given: the
+// load fails, and `asked` says why.
+int refuse_passphrase(char*, int, int, void* asked) {
+  *static_cast<bool*>(asked) = true;
+  return -1;
 }
 }  // namespace
 
@@ -109,11 +134,26 @@ std::shared_ptr<TlsClient> TlsClient::make(const core::TlsConfig& cfg, std::stri
     return nullptr;
   }
   if (!cfg.client_cert.empty()) {
-    if (SSL_CTX_use_certificate_chain_file(ctx, cfg.client_cert.c_str()) != 1) {
+    bool asked = false;
+    SSL_CTX_set_default_passwd_cb(ctx, refuse_passphrase);
+    SSL_CTX_set_default_passwd_cb_userdata(ctx, &asked);
+    const bool cert_ok = SSL_CTX_use_certificate_chain_file(ctx, cfg.client_cert.c_str()) == 1;
+    const bool key_ok = cert_ok && SSL_CTX_use_PrivateKey_file(ctx, cfg.client_key.c_str(), SSL_FILETYPE_PEM) == 1;
+    SSL_CTX_set_default_passwd_cb(ctx, nullptr);  // (the context outlives `asked`)
+    SSL_CTX_set_default_passwd_cb_userdata(ctx, nullptr);
+    if (!cert_ok) {
       error = fmt::format("cannot load client_cert '{}': {}", cfg.client_cert, openssl_reason());
       return nullptr;
     }
-    if (SSL_CTX_use_PrivateKey_file(ctx, cfg.client_key.c_str(), SSL_FILETYPE_PEM) != 1) {
+    if (!key_ok && asked) {
+      ERR_clear_error();
+      error = fmt::format(
+          "client_key '{}' is encrypted (a passphrase-protected key): not supported; give it unencrypted, "
+          "readable by Weir only (openssl pkey -in KEY -out PLAIN_KEY)",
+          cfg.client_key);
+      return nullptr;
+    }
+    if (!key_ok) {
       error = fmt::format("cannot load client_key '{}': {}", cfg.client_key, openssl_reason());
       return nullptr;
     }
@@ -136,10 +176,13 @@ std::shared_ptr<TlsClient> TlsClient::make(const core::TlsConfig& cfg, std::stri
 bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error) {
   SSL* ssl = s.stream.native_handle();
   SSL_set_ex_data(ssl, stream_index(), &s);
-  const std::string name(t.server_name);
+  std::string name(t.server_name);
   boost::system::error_code ec;
   (void)boost::asio::ip::make_address(name, ec);
   const bool is_ip = !ec;
+  // A fully qualified name's trailing dot ("api.example.com.", from a URL's
+  // host): the same host, written without it in SNI (RFC 6066 §3) and certificates.
+  if (!is_ip && name.size() > 1 && name.back() == '.') name.pop_back();
   // RFC 6066 §3: SNI carries host names only, never an address literal.
   if (!is_ip && SSL_set_tlsext_host_name(ssl, name.c_str()) != 1) {
     error = "cannot set the TLS server name: " + openssl_reason();
@@ -155,17 +198,20 @@ bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error) {
     error = "cannot set the name to verify: " + openssl_reason();
     return false;
   }
-  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  // DNS SANs only: a certificate naming the host in its subject's CN alone is
+  // refused (RFC 9525 §6.3 drops the CN-ID; Go refuses it too).
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS | X509_CHECK_FLAG_NEVER_CHECK_SUBJECT);
   return true;
 }
 
 void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr) {
   SSL* ssl = s.stream.native_handle();
-  s.session_client = t.client;
+  s.session_client = t.client->id();
+  s.session_owner = t.client->weak_from_this();
   s.session_addr = addr;
   s.session_name = t.server_name;
   SSL_set_ex_data(ssl, stream_slot(), &s);
-  auto* e = t_sessions.find(t.client, addr, t.server_name);
+  auto* e = t_sessions.find(t.client->id(), addr, t.server_name);
   if (!e || !SSL_SESSION_is_resumable(e->session)) return;
   // A copy again, so closing this connection without a shutdown cannot spoil the kept one.
   if (SSL_SESSION* copy = SSL_SESSION_dup(e->session)) {
@@ -173,6 +219,8 @@ void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr) 
     SSL_SESSION_free(copy);
   }
 }
+
+std::size_t kept_sessions() { return t_sessions.entries.size(); }
 
 std::string handshake_failure_reason(TlsStream& s, const boost::system::error_code& ec) {
   const long v = SSL_get_verify_result(s.stream.native_handle());
@@ -183,24 +231,23 @@ std::string handshake_failure_reason(TlsStream& s, const boost::system::error_co
 }
 
 bool refused_client_certificate(TlsStream& s, const boost::system::error_code& ec) {
-  if (!s.certificate_requested) return false;
-  if (ec.category() == boost::asio::error::get_ssl_category()) {
-    switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
-      case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
-      case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
-      case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
-      case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
-      case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
-      case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
-      case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
-      case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
-        return true;
-      default:
-        return false;
-    }
+  if (!s.certificate_requested || SSL_version(s.stream.native_handle()) != TLS1_3_VERSION) return false;
+  // An alert received: OpenSSL reports it as SSL_R_..._ALERT_... (its code plus 1000) in the SSL category.
+  if (ec.category() != boost::asio::error::get_ssl_category()) return false;
+  switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
+    case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+    case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+    case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+    case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+    case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+      return true;
+    default:
+      return false;  // a close, a reset, or another alert: the server may have read the request
   }
-  // No alert read, only the close: a refusal when there was no certificate to send.
-  return SSL_get_certificate(s.stream.native_handle()) == nullptr;
 }
 
 bool tls_holds_bytes(TlsStream& s) {

@@ -4,6 +4,7 @@
 // include this header.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -22,19 +23,25 @@ namespace weir::http {
 // one context on many threads): trusted CAs (ca_file, else the system
 // store), verification on or off, the client certificate for mutual TLS,
 // ALPN "http/1.1" (RFC 7301), TLS 1.2 at least.
-class TlsClient {
+class TlsClient : public std::enable_shared_from_this<TlsClient> {
  public:
   // Builds the context for `cfg`. Returns null and sets `error` (which
-  // file, OpenSSL's reason) when a PEM file cannot be loaded.
+  // file, OpenSSL's reason) when a PEM file cannot be loaded, or when
+  // client_key is encrypted (a passphrase-protected key: not supported,
+  // never a prompt on the terminal or a read of stdin).
   static std::shared_ptr<TlsClient> make(const core::TlsConfig& cfg, std::string& error);
 
   boost::asio::ssl::context& context() { return ctx_; }
   bool verify() const { return verify_; }
+  // This context's number, never another's in the process (the key of the
+  // worker's kept sessions: an address a freed context had may be reused).
+  std::uint64_t id() const { return id_; }
 
  private:
   explicit TlsClient(bool verify);
   boost::asio::ssl::context ctx_;
   bool verify_;
+  std::uint64_t id_;
 };
 
 // The SSL stream over an UpstreamConnection's socket (which it does not own).
@@ -45,27 +52,38 @@ struct TlsStream {
   // (kReadBuf bytes, made on the first body read): see there.
   static constexpr std::size_t kReadBuf = 16 * 1024;  // a TLS record's most plaintext
   std::unique_ptr<char[]> read_buf;
-  // Where this connection's session tickets are kept (offer_session); null client: not kept.
-  const TlsClient* session_client = nullptr;
+  // Where this connection's session tickets are kept (offer_session): its
+  // context's id() (0: not kept) and the context, which may be gone by then.
+  std::uint64_t session_client = 0;
+  std::weak_ptr<const TlsClient> session_owner;
   // The server asked for a client certificate (a CertificateRequest): under
   // TLS 1.3 its refusal of the one sent (or of none) comes after the
-  // handshake, as an alert or a close on the first read (RFC 8446 §4.4.2.4).
+  // handshake, as an alert on the first read (RFC 8446 §4.4.2.4).
   bool certificate_requested = false;
   tcp::endpoint session_addr;
   std::string_view session_name;
 };
 
 // Prepares `s` for a client handshake with `t`: SNI, the name to verify,
-// verification on or off. Returns false with `error` set when OpenSSL refuses.
+// verification on or off. A DNS name's trailing dot is dropped for both
+// (RFC 6066 §3: SNI carries none; certificates name hosts without it); an
+// IP literal sends no SNI and is verified against the IP SANs. A DNS name is
+// matched against the certificate's DNS SANs only, never its subject's CN
+// (RFC 9525 §6.3), and no partial wildcards. Returns false with `error` set
+// when OpenSSL refuses.
 bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error);
 
 // Session resumption (RFC 8446 §2.2 tickets; RFC 5077 for TLS 1.2): offers
 // the newest session this thread got from `addr` under `t` (same context,
 // same name), and keeps the tickets the server sends on `s` for the next
 // connection. One session per (context, address, name) per thread: workers
-// never share connections, so they share no sessions and take no lock.
+// never share connections, so they share no sessions and take no lock. A
+// context is told by its id(), not its address; the sessions of contexts
+// no longer alive (a reload's old ones) are dropped when a session is kept.
 // Call after prepare_client, before the handshake; `s` must outlive its I/O.
 void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr);
+// How many sessions this thread keeps (offer_session's), for tests.
+std::size_t kept_sessions();
 
 // Why a handshake failed, for the log: the certificate verification result
 // when verification failed ("certificate has expired", "unable to get local
@@ -85,11 +103,15 @@ bool is_tls_close(const boost::system::error_code& ec);
 // step (the next request on it would read them as its answer): not reused.
 bool tls_holds_bytes(TlsStream& s);
 // A failure on a new connection, before any byte of an answer, that is the
-// server refusing the client certificate after a TLS 1.3 handshake (RFC
-// 8446 §4.4.2.4): a certificate alert from it (certificate required, bad,
-// unknown CA, expired, revoked, access denied), or, when it asked for a
-// certificate and this client had none to send, any close. A close after a
-// certificate was sent is not one: the server may have read the request.
+// server refusing the client certificate (or its absence) after a TLS 1.3
+// handshake (RFC 8446 §4.4.2.4): the server asked for one, and the read
+// failed on a TLS alert from it about the certificate (certificate required,
+// bad, unsupported, unknown CA, expired, revoked, unknown, access denied, or
+// a handshake failure). Its TLS layer refused the connection before the
+// request reached the server. A close or a reset is never one, with or
+// without a certificate sent (a server that asks for one optionally, nginx's
+// `ssl_verify_client optional`, may have read and run the request), nor
+// anything under TLS 1.2, whose server judges the certificate in the handshake.
 bool refused_client_certificate(TlsStream& s, const boost::system::error_code& ec);
 
 }  // namespace weir::http

@@ -766,6 +766,8 @@ std::unique_ptr<asio::ssl::context> make_server_tls(const MockConfig& cfg) {
   SSL_CTX* c = ctx->native_handle();
   SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
   ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::single_dh_use);
+  // An encrypted key fails to load (no passphrase is given), never a prompt on the terminal.
+  SSL_CTX_set_default_passwd_cb(c, [](char*, int, int, void*) { return -1; });
   ctx->use_certificate_chain_file(cfg.tls_cert);
   ctx->use_private_key_file(cfg.tls_key, asio::ssl::context::pem);
   if (SSL_CTX_check_private_key(c) != 1) throw std::runtime_error("the private key does not match the certificate");
