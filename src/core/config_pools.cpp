@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
 
+#include "core/ip_net.hpp"
 #include "core/text.hpp"
 #include "core/url.hpp"
 
@@ -314,6 +315,29 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
   return {};
 }
 
+// tls.server_name as given: a DNS name (LDH labels, '_' tolerated), its
+// trailing dot dropped (a fully qualified name is the same host; RFC 6066
+// §3 sends none in SNI), or an IP address (an IPv6 one also in brackets),
+// kept without brackets: verified against the IP SANs, no SNI. Empty when
+// it is neither (a wildcard, an empty label, a port, a space).
+std::string parse_server_name(std::string_view s) {
+  if (s.size() > 2 && s.front() == '[' && s.back() == ']' && parse_ip(s)) return std::string(s.substr(1, s.size() - 2));
+  if (parse_ip(s)) return std::string(s);
+  if (!s.empty() && s.back() == '.') s.remove_suffix(1);
+  if (s.empty() || s.size() > 253) return std::string();
+  for (std::string_view rest = s; !rest.empty();) {
+    const auto dot = rest.find('.');
+    const std::string_view label = rest.substr(0, dot);
+    if (label.empty() || label.size() > 63) return std::string();
+    for (const char c : label)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return std::string();
+    if (dot == std::string_view::npos) break;
+    rest = rest.substr(dot + 1);
+    if (rest.empty()) return std::string();  // ("a..": two dots at the end)
+  }
+  return std::string(s);
+}
+
 // A file the process must be able to read at start-up.
 ConfigResult<void> check_readable(const YAML::Node& v, const std::string& key, const std::string& path) {
   if (auto why = unreadable_file(path); !why.empty())
@@ -334,9 +358,14 @@ ConfigResult<void> parse_tls(const YAML::Node& t, const std::string& key, TlsCon
   }
   if (auto v = t["server_name"]) {
     WEIR_TRY(s, read_string(v, key + ".server_name"));
-    if (s.empty() || s.find_first_of(" /:@") != std::string::npos)
-      return tl::unexpected(config_error(v, key + ".server_name", "expected a host name"));
-    tls.server_name = s;
+    std::string name = parse_server_name(s);
+    if (name.empty())
+      return tl::unexpected(config_error(
+          v, key + ".server_name",
+          s.find('*') != std::string::npos
+              ? "expected a host name, not a wildcard (a certificate's pattern is matched against the name given)"
+              : "expected a host name (letters, digits, '-', '_' and '.') or an IP address"));
+    tls.server_name = std::move(name);
   }
   if (auto v = t["client_cert"]) {
     WEIR_TRY(s, read_string(v, key + ".client_cert"));

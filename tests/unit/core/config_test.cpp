@@ -3,6 +3,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -442,6 +445,24 @@ TEST(ConfigTls, HttpsEndpointsWithTlsSection) {
   EXPECT_TRUE(d->pools[0].tls.ca_file.empty());
 }
 
+TEST(ConfigTls, ServerNameForms) {
+  // A trailing dot is dropped (RFC 6066 §3: none in SNI; the same host); an IP address, IPv6 too, also in
+  // brackets, is kept bare (verified against the IP SANs, no SNI).
+  const std::vector<std::pair<std::string, std::string>> cases = {{"vllm.internal.", "vllm.internal"},
+                                                                  {"vllm_1.internal", "vllm_1.internal"},
+                                                                  {"'::1'", "::1"},
+                                                                  {"'[2001:db8::5]'", "2001:db8::5"},
+                                                                  {"10.0.0.5", "10.0.0.5"},
+                                                                  {"localhost", "localhost"}};
+  for (const auto& [given, kept] : cases) {
+    auto c = parse_config(
+        "pools:\n  h:\n    endpoints: [https://h]\n    tls: {server_name: " + given + "}\ndefault_pool: h\n",
+        "weir.yaml");
+    ASSERT_TRUE(c) << given << ": " << c.error().to_string();
+    EXPECT_EQ(c->pools[0].tls.server_name, kept) << given;
+  }
+}
+
 TEST(ConfigTls, Errors) {
   const std::string f = readable_file();
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {ca_file: /nonexistent/ca.pem}\n"),
@@ -465,7 +486,20 @@ TEST(ConfigTls, Errors) {
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {client_cert: " + f + "}\n"),
             "weir.yaml:4:10: pools.h.tls: client_cert and client_key go together (mutual TLS)");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {server_name: \"a b\"}\n"),
-            "weir.yaml:4:24: pools.h.tls.server_name: expected a host name");
+            "weir.yaml:4:24: pools.h.tls.server_name: expected a host name (letters, digits, '-', '_' and '.') or "
+            "an IP address");
+  for (const char* name : {"\"*.internal\"", "\"vllm.*\""})
+    EXPECT_NE(error_of(std::string("pools:\n  h:\n    endpoints: [https://h]\n    tls: {server_name: ") + name + "}\n")
+                  .find("server_name: expected a host name, not a wildcard"),
+              std::string::npos)
+        << name;
+  for (const char* name : {"vllm.internal:443", "a..internal", ".internal", "vllm.internal..", ".", "[vllm]",
+                           "vllm.internal/v1", "user@vllm"})
+    EXPECT_NE(
+        error_of(std::string("pools:\n  h:\n    endpoints: [https://h]\n    tls: {server_name: '") + name + "'}\n")
+            .find("server_name: expected a host name"),
+        std::string::npos)
+        << name;
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [http://h]\n    tls: {verify: true}\n"),
             "weir.yaml:4:10: pools.h.tls: is set but no endpoint of the pool is https://");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    type: bedrock\n"),
