@@ -324,6 +324,22 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
       e.file = file;
       return tl::unexpected(std::move(e));
     }
+    // A key for an https:// service sent in cleartext to the pool's http://
+    // endpoints: warned (a key for a model server on a private network is
+    // legitimate), not refused.
+    if (!pc.api_key.empty()) {
+      const YAML::Node eps = root && root["pools"] ? root["pools"][pc.name]["endpoints"] : YAML::Node();
+      for (std::size_t i = 0; i < pc.endpoints.size(); ++i) {
+        if (pc.endpoints[i].tls) continue;
+        const YAML::Node at = eps && eps.IsSequence() && i < eps.size() ? eps[i] : eps;
+        auto e = core::config_error(
+            at, fmt::format("pools.{}.endpoints[{}]", pc.name, i),
+            fmt::format("{} is http:// in a pool with https:// endpoints and {}: the key is sent to it in cleartext",
+                        pc.endpoints[i].display, pc.api_key_env.empty() ? "an api_key" : "api_key_env"));
+        e.file = file;
+        out.warnings.push_back(e.to_string());
+      }
+    }
     if (!pc.tls.verify) {
       auto e = core::config_error(node["verify"], "pools." + pc.name + ".tls.verify",
                                   "false: the certificates of the pool's https:// endpoints are NOT checked; anyone "
