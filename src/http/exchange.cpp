@@ -144,8 +144,12 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // fails as the write did. The connection is not reused. Over TLS alike:
   // the failure is the socket's (Asio's engine writes OpenSSL's records),
   // and the TLS session reads on (`written`: the plaintext whose records
-  // went out whole).
-  if (written > 0 && (ec == asio::error::broken_pipe || ec == asio::error::connection_reset)) [[unlikely]] {
+  // went out whole). A new TLS connection whose server asked for a client
+  // certificate is read even when none did: the server's refusal of it (an
+  // alert after the handshake, RFC 8446 §4.4.2.4, then a close) may be what
+  // failed the request's first write, and the read finds the alert.
+  const bool may_have_answered = written > 0 || (tls != nullptr && tls->certificate_requested && conn_->uses == 0);
+  if (may_have_answered && (ec == asio::error::broken_pipe || ec == asio::error::connection_reset)) [[unlikely]] {
     cut_off_ = true;
     ec = {};
   }

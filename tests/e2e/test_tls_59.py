@@ -9,6 +9,7 @@ no subjectAltName, record the SNI name.
 from __future__ import annotations
 
 import datetime
+import fcntl
 import ipaddress
 import json
 import os
@@ -17,6 +18,7 @@ import socket
 import ssl
 import struct
 import subprocess
+import termios
 import threading
 
 import httpx
@@ -221,11 +223,19 @@ TOO_LARGE = b'{"error":{"message":"Request Entity Too Large","type":"invalid_req
 
 
 def answers_early(server: TlsServer, s) -> None:
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if read_head(s) is None:
         return
     s.sendall(b"HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\nconnection: close\r\n"
               b"content-length: %d\r\n\r\n" % len(TOO_LARGE) + TOO_LARGE)
-    # Closed with the body unread: the kernel answers Weir's next bytes with a reset.
+    # Closed with the body unread: the kernel answers Weir's next bytes with a reset. A close with unread bytes
+    # also drops what it has not sent yet, so first Weir's kernel has the answer (acknowledged: nothing unsent).
+    wait_until(lambda: unacknowledged(s) == 0, 10, message="the answer acknowledged")
+
+
+def unacknowledged(s) -> int:
+    """Bytes of the socket's not yet acknowledged by the peer (SIOCOUTQ)."""
+    return struct.unpack("i", fcntl.ioctl(s.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
 
 
 def test_an_early_answer_over_tls_is_relayed_not_taken_for_a_reset(pki, servers, weir):
