@@ -327,43 +327,60 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
 
 namespace {
 
-// The nodes one YAML document expands to through its aliases (*name) that
-// the configuration may hold: a few hundred bytes of nested aliases expand
-// to billions (the "billion laughs"), which every later walk (the sections'
-// parsers, a reload's comparison) would pay for. A configuration that
-// reuses a subtree a few times is far below it.
+// What one YAML document may expand to through its aliases (*name): a few
+// hundred bytes of nested aliases expand to billions of nodes (the "billion
+// laughs"), and one long scalar named by many aliases to gigabytes of text
+// (100 KB, 20,000 times: 2 GB); every later walk (the sections' parsers, the
+// warnings, a reload's comparison) would pay for it. Both are bounded: the
+// nodes and the scalar bytes (keys and values) reached again through an
+// alias. A configuration that reuses a list of models for a thousand
+// tenants is far below either.
 constexpr std::uint64_t kMaxAliasedNodes = 1'000'000;
+constexpr std::uint64_t kMaxAliasedBytes = 16 * 1024 * 1024;
 
-struct KeyWalk {
-  // Each node is checked once (an alias is the node it names): its size,
-  // by position in the text and kind.
-  std::unordered_map<std::uint64_t, std::uint64_t> sizes;
-  std::uint64_t aliased = 0;  // nodes reached again through an alias
+// A subtree's size: its nodes and its scalars' bytes (keys and values).
+struct Extent {
+  std::uint64_t nodes = 0;
+  std::uint64_t bytes = 0;
 };
 
-ConfigResult<std::uint64_t> unique_keys_under(const YAML::Node& node, const std::string& key, int depth,
-                                              KeyWalk& walk) {
+struct KeyWalk {
+  // Each node is checked once (an alias is the node it names): its extent,
+  // by position in the text and kind.
+  std::unordered_map<std::uint64_t, Extent> sizes;
+  Extent aliased;  // reached again through an alias
+};
+
+ConfigResult<Extent> unique_keys_under(const YAML::Node& node, const std::string& key, int depth, KeyWalk& walk) {
   if (depth > 64) return tl::unexpected(config_error(node, key, "nested more than 64 levels deep"));
   const bool marked = !node.Mark().is_null() && node.Mark().pos >= 0;
   const std::uint64_t id =
       marked ? static_cast<std::uint64_t>(node.Mark().pos) * 8 + static_cast<std::uint64_t>(node.Type()) : 0;
   if (marked)
     if (auto it = walk.sizes.find(id); it != walk.sizes.end()) {
-      walk.aliased += it->second;
-      if (walk.aliased > kMaxAliasedNodes)
+      walk.aliased.nodes += it->second.nodes;
+      walk.aliased.bytes += it->second.bytes;
+      if (walk.aliased.nodes > kMaxAliasedNodes)
         return tl::unexpected(config_error(
             node, key,
             fmt::format("the configuration's aliases (*name) expand to more than {} nodes: write the repeated "
                         "part fewer times",
                         kMaxAliasedNodes)));
+      if (walk.aliased.bytes > kMaxAliasedBytes)
+        return tl::unexpected(config_error(
+            node, key,
+            fmt::format("the configuration's aliases (*name) expand to more than {} MiB of text: write the "
+                        "repeated part fewer times",
+                        kMaxAliasedBytes / (1024 * 1024))));
       return it->second;
     }
-  std::uint64_t size = 1;
+  Extent size{.nodes = 1, .bytes = node.IsScalar() ? node.Scalar().size() : 0};
   if (node.IsSequence()) {
     for (std::size_t i = 0; i < node.size(); ++i) {
       auto r = unique_keys_under(node[i], fmt::format("{}[{}]", key, i), depth + 1, walk);
       if (!r) return r;
-      size += *r;
+      size.nodes += r->nodes;
+      size.bytes += r->bytes;
     }
   } else if (node.IsMap()) {
     std::unordered_map<std::string, int> seen;  // key -> its line
@@ -388,7 +405,8 @@ ConfigResult<std::uint64_t> unique_keys_under(const YAML::Node& node, const std:
                         it->second)));
       auto r = unique_keys_under(kv.second, path, depth + 1, walk);
       if (!r) return r;
-      size += 1 + *r;
+      size.nodes += 1 + r->nodes;
+      size.bytes += name.size() + r->bytes;
     }
   }
   if (marked) walk.sizes.emplace(id, size);

@@ -176,6 +176,31 @@ TEST(LoadConfig, TenantsMetricsMoveToTheAdminListener) {
   EXPECT_TRUE(said->warnings.empty()) << said->warnings.front();
 }
 
+// A value named through many aliases is one node warned about once per key that names it: 20,000 aliases of an
+// unknown model were 20,000 lines. The first three are said, then one line for the rest.
+TEST(LoadConfig, AWarningForAValueNamedThroughManyAliasesIsSaidAFewTimes) {
+  std::string list = "[&u nope";
+  for (int i = 0; i < 999; ++i) list += ", *u";
+  auto r = load("tenants:\n  acme: {models: " + list + "]}\n  beta: {models: [*u, ghost]}\n" +
+                fmt::format("auth: {{api_keys: [{{id: k, sha256: {}, tenant: acme}}]}}\n", kSha) +
+                "server: {metrics: {client_port: true}}\n");
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_EQ(r->warnings.size(), 5u) << ::testing::PrintToString(r->warnings);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(r->warnings[i].rfind("weir.yaml:7:", 0), 0u) << r->warnings[i];
+  for (int i = 0; i < 3; ++i)
+    EXPECT_NE(
+        r->warnings[i].find(fmt::format(": tenants.acme.models[{}]: no configured model or alias matches \"nope\"", i)),
+        std::string::npos)
+        << r->warnings[i];
+  EXPECT_NE(r->warnings[3].find(": tenants.acme.models[3]: the same warning as above, here and for 997 more keys that "
+                                "name this value through an alias (*name)"),
+            std::string::npos)
+      << r->warnings[3];
+  EXPECT_NE(r->warnings[4].find("tenants.beta.models[1]: no configured model or alias matches \"ghost\""),
+            std::string::npos)
+      << r->warnings[4];
+}
+
 TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {
   auto r = load("pricing:\n  m: {input: 1}\n  \"*\": {input: 1}\n  gone: {input: 1}\n  mm: {input: 1}\n");
   ASSERT_TRUE(r) << r.error().to_string();
