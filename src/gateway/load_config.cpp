@@ -233,6 +233,26 @@ void compute_warnings(Warnings& w) {
     warn(w, root["auth"], "auth",
          "credentials are required (auth.required defaults to true) but there are no api_keys, no jwt, no "
          "redis_keys and no admin API with tenants for runtime keys: every request will be refused with 401");
+  // Tenants no credential can name: with no auth: section (and no admin API for runtime keys), or auth.required
+  // false and nothing to check a key against, every request runs as the anonymous tenant: the others' limits
+  // and budgets never apply (a dropped auth: block, the rest of the file kept).
+  if (out.auth && (!out.auth->verifies_credentials || !out.auth->required)) {
+    const auto& a = *out.auth;
+    const bool named =
+        a.verifies_credentials && (!a.api_keys.empty() || a.jwt || a.redis_keys || (out.admin && root["tenants"]));
+    const auto other =
+        std::find_if(a.tenants.begin(), a.tenants.end(), [&](const auto& t) { return t.first != a.anonymous_tenant; });
+    if (!named && other != a.tenants.end())
+      warn(w, root["tenants"], "tenants",
+           fmt::format("every request runs as the anonymous tenant {}: {}, so no credential names tenant {}{} and "
+                       "its limits and budget never apply; give auth: keys (api_keys, jwt or redis_keys) that name "
+                       "the tenants",
+                       core::quoted_text(a.anonymous_tenant),
+                       root["auth"] ? "auth: has no api_keys, jwt or redis_keys, and no admin API holds runtime keys"
+                                    : "there is no auth: section, and no admin API holds runtime keys",
+                       core::quoted_text(other->first),
+                       a.tenants.size() - a.tenants.count(a.anonymous_tenant) > 1 ? " (nor any other)" : ""));
+  }
   // A JWT checked for its signature only: an identity provider's JWKS signs the tokens of every application it
   // serves, so one minted for another of them would be accepted here (RFC 8725 §3.9: cross-JWT confusion).
   if (out.auth && out.auth->jwt && out.auth->jwt->issuer.empty() && out.auth->jwt->audiences.empty())

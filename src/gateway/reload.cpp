@@ -71,6 +71,10 @@ core::ConfigError refused(const core::Config& next, const std::string& key, std:
 
 bool identity_on(const YAML::Node& root) { return root["auth"] || root["tenants"] || root["pricing"]; }
 
+// Whether clients' credentials are Weir's to check (auth::AuthConfig::verifies_credentials, as
+// gateway::load_config sets it): with an auth: section, or with the admin API's runtime keys for tenants.
+bool checks_credentials(const YAML::Node& root) { return root["auth"] || (root["admin"] && root["tenants"]); }
+
 // The restart-only sections other modules parse, as they parse them (each
 // nullopt when absent, or when it does not parse: then compared as YAML).
 struct Sections {
@@ -178,6 +182,16 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
     return refused(next, key, identity_on(b) ? key : "",
                    "identity and admission (auth:, tenants:, pricing:) are turned on or off at start-up");
   }
+  // Authentication turned on or off: a file that lost its auth: block (a template that dropped it) would
+  // admit every request as the anonymous tenant, any credential unchecked; one that gained it would refuse
+  // every client without a key. Keys added or removed inside auth: reload.
+  constexpr std::string_view kCredentials =
+      "whether clients' credentials are checked is set at start-up: without auth: or the admin API's runtime "
+      "keys, every request runs as the anonymous tenant, any credential unchecked";
+  if (static_cast<bool>(a["auth"]) != static_cast<bool>(b["auth"]))
+    return refused(next, "auth", b["auth"] ? "auth" : "", kCredentials);
+  if (checks_credentials(a) != checks_credentials(b) && static_cast<bool>(a["admin"]) == static_cast<bool>(b["admin"]))
+    return refused(next, "tenants", b["tenants"] ? "tenants" : "", kCredentials);
   if (static_cast<bool>(core::node_at(a, "auth.jwt")) != static_cast<bool>(core::node_at(b, "auth.jwt")))
     return refused(next, "auth.jwt", "auth", "the JWKS cache is set up at start-up");
   const Sections sa = parse_sections(running);

@@ -6,8 +6,9 @@
 // routes, aliases and fallbacks, tenants, keys, limits, budgets, prices,
 // timeouts, retry and health settings, server limits for new connections).
 // What the process was built around does not: the listeners, the worker
-// count, Redis, the admin API, the request-log store, the JWKS cache and
-// the /metrics label settings. A file that changes one of them is refused
+// count, Redis, the admin API, the request-log store, the JWKS cache, the
+// /metrics label settings, and whether credentials are checked at all (an
+// auth: section there or not; the keys in it reload). A file that changes one of them is refused
 // whole: the running configuration then stays exactly one file that was
 // validated, never a mix of the old and the new one that no file
 // describes (and a later restart would not suddenly apply the rest).

@@ -5,6 +5,10 @@
   reload 2.7 GB, 20,001 warning lines). The text they expand to is bounded too (16 MiB): refused at once, with
   the file, line and column, by `--check`, start-up and a reload alike. A warning about a value named through
   many aliases is said three times, then once for the rest.
+- A reload that dropped the `auth:` section while `tenants:` stayed was applied: the gateway went from "401
+  without a valid key" to every request admitted as the anonymous tenant, any credential unchecked. Turning
+  authentication on or off is restart-only now (refused, counted, the old configuration serving on); keys
+  added or removed inside `auth:` still reload. `tenants:` that no credential can name are a warning.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def test_a_reload_to_a_file_whose_aliases_expand_too_far_is_refused(mock, weir):
     assert answers(w, "sk-one")
 
 
-# --- helpers: a configuration with a tenant and, when given, its keys ---
+# --- authentication turned on or off by a reload ---
 
 def auth_config(mock, keys: list[tuple[str, str]] | None) -> dict:
     cfg = {"pools": {"a": {"endpoints": [mock.base_url]}},
@@ -131,3 +135,44 @@ def answers(w, key: str) -> bool:
         return True
     except openai.AuthenticationError:
         return False
+
+
+def test_a_reload_that_drops_auth_is_refused_and_keys_are_still_checked(mock, weir):
+    a = mock(*FAST)
+    w = weir(config=auth_config(a, [("k1", "sk-one")]))
+    assert answers(w, "sk-one") and not answers(w, "bogus")
+    write(w, auth_config(a, None))  # the auth: block lost, tenants: kept
+    sighup(w, "failure")
+    log = w.process.log()
+    assert "configuration reload refused:" in log, log[-1500:]
+    assert "auth: changes only at restart (whether clients' credentials are checked is set at start-up" in log, \
+        log[-1500:]
+    assert w.metric("weir_config_last_reload_successful") == 0
+    assert w.metric("weir_config_generation") == 1
+    assert answers(w, "sk-one") and not answers(w, "bogus")
+    # --check says what the file does: every request would run as the anonymous tenant.
+    r = subprocess.run([binary("weir"), "--check", "-c", str(w.config_path)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert 'tenants: every request runs as the anonymous tenant "anonymous": there is no auth: section' in r.stderr, \
+        r.stderr
+
+
+def test_a_reload_that_adds_auth_is_refused(mock, weir):
+    a = mock(*FAST)
+    w = weir(config=auth_config(a, None))
+    assert "every request runs as the anonymous tenant" in w.process.log()  # said at start-up
+    assert answers(w, "anything")
+    write(w, auth_config(a, [("k1", "sk-one")]))
+    sighup(w, "failure")
+    assert "auth: changes only at restart" in w.process.log()
+    assert answers(w, "anything")  # the running configuration, unchanged
+
+
+def test_keys_added_and_removed_inside_auth_reload(mock, weir):
+    a = mock(*FAST)
+    w = weir(config=auth_config(a, [("k1", "sk-one")]))
+    write(w, auth_config(a, [("k2", "sk-two")]))
+    sighup(w, "success")
+    assert "auth ~api_keys" in w.process.log()
+    assert answers(w, "sk-two") and not answers(w, "sk-one")

@@ -144,7 +144,7 @@ auth:
 
 TEST(LoadConfig, NoAllowListWarningsWithADefaultPool) {
   auto r = load(
-      "default_pool: p\ntenants:\n  acme: {models: [anything]}\npricing:\n  anything: {input: 1}\n"
+      "default_pool: p\ntenants:\n  anonymous: {models: [anything]}\npricing:\n  anything: {input: 1}\n"
       "server: {metrics: {client_port: true}}\n");
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
@@ -164,14 +164,15 @@ TEST(LoadConfig, TenantsMetricsMoveToTheAdminListener) {
   auto no_tenants = load(admin);
   ASSERT_TRUE(no_tenants) << no_tenants.error().to_string();
   EXPECT_TRUE(no_tenants->config.server.metrics.client_port);
-  auto no_admin = load("tenants:\n  acme: {}\n");
+  // (The anonymous tenant: without auth: no other could be named, a warning of its own.)
+  auto no_admin = load("tenants:\n  anonymous: {}\n");
   ASSERT_TRUE(no_admin) << no_admin.error().to_string();
   EXPECT_TRUE(no_admin->config.server.metrics.client_port);
   ASSERT_EQ(no_admin->warnings.size(), 1u) << ::testing::PrintToString(no_admin->warnings);
   EXPECT_NE(no_admin->warnings[0].find("weir.yaml:7:3: tenants: GET /metrics on the client port"), std::string::npos)
       << no_admin->warnings[0];
   EXPECT_NE(no_admin->warnings[0].find("admin.listen"), std::string::npos) << no_admin->warnings[0];
-  auto said = load("tenants:\n  acme: {}\nserver: {metrics: {client_port: true}}\n");
+  auto said = load("tenants:\n  anonymous: {}\nserver: {metrics: {client_port: true}}\n");
   ASSERT_TRUE(said) << said.error().to_string();
   EXPECT_TRUE(said->warnings.empty()) << said->warnings.front();
 }
@@ -199,6 +200,41 @@ TEST(LoadConfig, AWarningForAValueNamedThroughManyAliasesIsSaidAFewTimes) {
   EXPECT_NE(r->warnings[4].find("tenants.beta.models[1]: no configured model or alias matches \"ghost\""),
             std::string::npos)
       << r->warnings[4];
+}
+
+// Tenants no credential can name: a file without auth: (and without the admin API's runtime keys), or with
+// auth.required false and no keys, runs every request as the anonymous tenant; said, not refused (a tenant for
+// the anonymous requests alone is what such a file means).
+TEST(LoadConfig, TenantsNoCredentialCanNameAreAWarning) {
+  const auto said = [](const core::ConfigResult<LoadedConfig>& r) {
+    EXPECT_TRUE(r) << r.error().to_string();
+    return r && std::any_of(r->warnings.begin(), r->warnings.end(), [](const std::string& w) {
+             return w.find("every request runs as the anonymous tenant") != std::string::npos;
+           });
+  };
+  const std::string port = "server: {metrics: {client_port: true}}\n";
+  auto none = load("tenants:\n  acme: {limits: {requests_per_minute: 2}}\n" + port);
+  ASSERT_TRUE(said(none));
+  EXPECT_NE(std::find_if(none->warnings.begin(), none->warnings.end(),
+                         [](const std::string& w) {
+                           return w.find(
+                                      "weir.yaml:7:3: tenants: every request runs as the anonymous tenant "
+                                      "\"anonymous\": there is no auth: section") != std::string::npos;
+                         }),
+            none->warnings.end())
+      << ::testing::PrintToString(none->warnings);
+  EXPECT_TRUE(said(load("tenants:\n  acme: {}\nauth: {required: false}\n" + port)));
+  // Named by a key, a JWT claim, Redis keys or the admin API's runtime keys: no warning.
+  EXPECT_FALSE(said(
+      load(fmt::format(
+               "tenants:\n  acme: {{}}\nauth: {{required: false, api_keys: [{{id: k, sha256: {}, tenant: acme}}]}}\n",
+               kSha) +
+           port)));
+  EXPECT_FALSE(said(
+      load(fmt::format("tenants:\n  acme: {{}}\nadmin: {{listen: \"127.0.0.1:9901\", token_sha256: {}}}\n", kSha))));
+  // The anonymous tenant's own limits (no other tenant): what such a file means.
+  EXPECT_FALSE(said(load("tenants:\n  anonymous: {limits: {requests_per_minute: 2}}\n" + port)));
+  EXPECT_FALSE(said(load("auth: {required: false, anonymous_tenant: guests}\ntenants:\n  guests: {}\n" + port)));
 }
 
 TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {

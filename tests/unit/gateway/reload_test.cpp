@@ -148,6 +148,41 @@ TEST(RestartOnly, RedisAdminRequestLogAndIdentityOnOff) {
   EXPECT_EQ(change(kBase + "pricing: {big: {input: 1, output: 2}}\n", kBase)->key, "pricing");
 }
 
+// A file that lost its auth: block (a template that dropped it) while tenants: stayed was applied: from "401
+// without a key" to every request admitted as the anonymous tenant, any credential unchecked. Whether
+// credentials are checked is set at start-up; what auth: holds reloads.
+TEST(RestartOnly, AuthenticationOnOrOffIsRestartOnlyItsKeysReload) {
+  const std::string tenants = kBase + "tenants: {acme: {limits: {requests_per_minute: 10}}}\n";
+  const std::string keyed =
+      tenants + "auth:\n  api_keys:\n    - {id: k1, sha256: " + std::string(64, 'a') + ", tenant: acme}\n";
+  for (const auto& [before, after] : {std::pair{keyed, tenants}, std::pair{tenants, keyed}}) {
+    const auto e = change(before, after);
+    ASSERT_TRUE(e) << after;
+    EXPECT_EQ(e->key, "auth");
+    EXPECT_NE(e->message.find("changes only at restart (whether clients' credentials are checked"), std::string::npos)
+        << e->message;
+  }
+  EXPECT_EQ(change(keyed, tenants)->line, 1);   // (no auth: in the new file: the root's line)
+  EXPECT_EQ(change(tenants, keyed)->line, 12);  // the new file's auth: section
+  // `auth: {required: false}` checks a credential that is sent: on, as much as one with keys.
+  EXPECT_EQ(change(tenants, tenants + "auth: {required: false}\n")->key, "auth");
+  // Keys added and removed, `required` and `anonymous_tenant` changed: reloads.
+  const std::string other =
+      replace(keyed, "{id: k1, sha256: " + std::string(64, 'a'), "{id: k2, sha256: " + std::string(64, 'b'));
+  EXPECT_FALSE(change(keyed, other));
+  EXPECT_FALSE(change(keyed, replace(keyed, "auth:\n", "auth:\n  required: false\n  anonymous_tenant: acme\n")));
+  EXPECT_FALSE(change(
+      keyed, replace(keyed, "auth:\n  api_keys:\n    - {id: k1, sha256: " + std::string(64, 'a') + ", tenant: acme}\n",
+                     "auth: {api_keys: []}\n")));
+  // Without auth:, the admin API's runtime keys are checked while there are tenants for them: tenants: added
+  // or removed there (pricing: keeping identity on) turns checking on or off.
+  const std::string admin = kBase + "admin: {listen: 127.0.0.1:9900, token_sha256: " + std::string(64, 'c') +
+                            "}\npricing: {big: {input: 1, output: 2}}\n";
+  EXPECT_EQ(change(admin, admin + "tenants: {acme: {}}\n")->key, "tenants");
+  EXPECT_EQ(change(admin + "tenants: {acme: {}}\n", admin)->key, "tenants");
+  EXPECT_FALSE(change(admin + "tenants: {acme: {}}\n", admin + "tenants: {acme: {}, beta: {}}\n"));
+}
+
 TEST(RestartOnly, JwksSourceIsRestartOnlyClaimsReload) {
   const std::string jwt = kBase +
                           "auth:\n"
