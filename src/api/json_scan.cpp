@@ -14,6 +14,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <unordered_set>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -412,6 +414,33 @@ std::optional<MemberSpan> find_last_member(std::string_view json, std::string_vi
     if (before <= open + 1 || json[before - 1] != ',') return std::nullopt;  // the first member: not found
     delim = before - 1;
   }
+}
+
+std::optional<std::string> repeated_member(std::string_view json, std::size_t distinct) {
+  const Scanner sc(json);
+  ObjectShape shape;
+  std::size_t members = 0;
+  if (!sc.for_each_member(shape, [&](const RawMember&) { ++members; })) return std::nullopt;
+  if (distinct != 0 && members == distinct) return std::nullopt;
+  // Some name repeats (or the count is unknown): the names, decoded.
+  std::unordered_set<std::string> names;
+  names.reserve(members);
+  std::optional<std::string> found;
+  (void)sc.for_each_member(shape, [&](const RawMember& m) {
+    if (found) return;
+    const std::string_view raw = sc.key_text(m);
+    std::string name;
+    if (raw.find('\\') == std::string_view::npos) {
+      name.assign(raw);
+    } else {
+      boost::system::error_code ec;
+      const auto v = boost::json::parse(json.substr(m.key_begin, m.key_end - m.key_begin), ec);
+      if (ec || !v.is_string()) return;  // (not valid JSON: the parse that validates says so)
+      name.assign(v.get_string().data(), v.get_string().size());
+    }
+    if (!names.insert(name).second) found = std::move(name);
+  });
+  return found;
 }
 
 bool find_members(std::string_view json, std::span<const std::string_view> keys,

@@ -73,6 +73,15 @@ bool find_members(std::string_view json, std::span<const std::string_view> keys,
 // `null` or `false`. False if `json` is not an object.
 bool members_known_or_off(std::string_view json, std::span<const std::string_view> keys);
 
+// The unescaped name of the first top-level member of `json` whose name an
+// earlier member has too (in the order of the second copies), or nullopt when
+// no name repeats or `json` is not an object. `distinct`: the number of
+// distinct names when known (a DOM's object size: Boost.JSON keeps one member
+// per name), else 0; a scan that counts as many members decodes and allocates
+// nothing. For a body Weir reads in full (a translation's source), where a
+// repeated member is refused (api::repeated_member_error).
+std::optional<std::string> repeated_member(std::string_view json, std::size_t distinct = 0);
+
 // Byte offsets [begin, end) of one value in a scanned text.
 struct ValueSpan {
   std::size_t begin = 0;

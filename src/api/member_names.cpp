@@ -2,6 +2,7 @@
 #include "api/member_names.hpp"
 
 #include <array>
+#include <cstdint>
 
 namespace weir::api {
 
@@ -62,6 +63,155 @@ std::string_view folds_to_read_member(std::string_view key, bool top) {
     return std::string_view();
   };
   return top ? any(kTop) : any(kStreamOptions);
+}
+
+}  // namespace weir::api
+
+namespace weir::api {
+
+namespace {
+
+// read_member_index's names by index (ordered by length, as its switch is).
+constexpr std::array<std::string_view, kReadMemberCount> kReadMembers = {
+    "n",
+    "seed",
+    "user",
+    "echo",
+    "text",
+    "model",
+    "input",
+    "query",
+    "tools",
+    "stream",
+    "prompt",
+    "suffix",
+    "text_1",
+    "text_2",
+    "best_of",
+    "messages",
+    "logprobs",
+    "documents",
+    "functions",
+    "max_tokens",
+    "min_tokens",
+    "request_id",
+    "temperature",
+    "guided_json",
+    "guided_regex",
+    "top_logprobs",
+    "chat_template",
+    "guided_choice",
+    "stream_options",
+    "guided_grammar",
+    "structural_tag",
+    "prompt_logprobs",
+    "response_format",
+    "structured_outputs",
+    "chat_template_kwargs",
+    "max_completion_tokens",
+    "add_generation_prompt",
+    "continue_final_message",
+    "guided_whitespace_pattern",
+};
+
+static_assert(kReadMemberCount <= 64);  // (bits of a std::uint64_t)
+
+}  // namespace
+
+int read_member_index(std::string_view key) {
+  // A switch on the length, then literals: each compare has a constant length, which the compiler does inline
+  // (a few loads), not as a memcmp call. The indexes are kReadMembers' (ReadMemberNames checks each).
+  switch (key.size()) {
+    case 1:
+      if (key == "n") return 0;
+      return -1;
+    case 4:
+      if (key == "seed") return 1;
+      if (key == "user") return 2;
+      if (key == "echo") return 3;
+      if (key == "text") return 4;
+      return -1;
+    case 5:
+      if (key == "model") return 5;
+      if (key == "input") return 6;
+      if (key == "query") return 7;
+      if (key == "tools") return 8;
+      return -1;
+    case 6:
+      if (key == "stream") return 9;
+      if (key == "prompt") return 10;
+      if (key == "suffix") return 11;
+      if (key == "text_1") return 12;
+      if (key == "text_2") return 13;
+      return -1;
+    case 7:
+      if (key == "best_of") return 14;
+      return -1;
+    case 8:
+      if (key == "messages") return 15;
+      if (key == "logprobs") return 16;
+      return -1;
+    case 9:
+      if (key == "documents") return 17;
+      if (key == "functions") return 18;
+      return -1;
+    case 10:
+      if (key == "max_tokens") return 19;
+      if (key == "min_tokens") return 20;
+      if (key == "request_id") return 21;
+      return -1;
+    case 11:
+      if (key == "temperature") return 22;
+      if (key == "guided_json") return 23;
+      return -1;
+    case 12:
+      if (key == "guided_regex") return 24;
+      if (key == "top_logprobs") return 25;
+      return -1;
+    case 13:
+      if (key == "chat_template") return 26;
+      if (key == "guided_choice") return 27;
+      return -1;
+    case 14:
+      if (key == "stream_options") return 28;
+      if (key == "guided_grammar") return 29;
+      if (key == "structural_tag") return 30;
+      return -1;
+    case 15:
+      if (key == "prompt_logprobs") return 31;
+      if (key == "response_format") return 32;
+      return -1;
+    case 18:
+      if (key == "structured_outputs") return 33;
+      return -1;
+    case 20:
+      if (key == "chat_template_kwargs") return 34;
+      return -1;
+    case 21:
+      if (key == "max_completion_tokens") return 35;
+      if (key == "add_generation_prompt") return 36;
+      return -1;
+    case 22:
+      if (key == "continue_final_message") return 37;
+      return -1;
+    case 25:
+      if (key == "guided_whitespace_pattern") return 38;
+      return -1;
+    default:
+      return -1;
+  }
+}
+
+std::string_view read_member_name(int index) { return kReadMembers[static_cast<std::size_t>(index)]; }
+
+int read_stream_option_index(std::string_view key) {
+  if (key == "include_usage") return 0;
+  if (key == "continuous_usage_stats") return 1;
+  return -1;
+}
+
+std::string_view read_stream_option_param(int index) {
+  return index == 0 ? "stream_options.include_usage" : "stream_options.continuous_usage_stats";
 }
 
 }  // namespace weir::api

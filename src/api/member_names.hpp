@@ -15,3 +15,26 @@ namespace weir::api {
 std::string_view folds_to_read_member(std::string_view key, bool top);
 
 }  // namespace weir::api
+
+namespace weir::api {
+
+// The top-level member names Weir reads, acts on or rewrites in a body it passes on as it came (chat
+// completions, completions, embeddings, vLLM's extra routes): routing and the estimate (model, stream,
+// max_tokens, messages, prompt, input, tools, ...), the splices (model, stream_options), the micro-batch and
+// coalescing keys (echo, logprobs, suffix, user, temperature, seed, ...) and resume's checks (response_format,
+// guided_*, continue_final_message, ...). One of these given twice is refused (api::repeated_member_error):
+// parsers differ on which copy counts. `key` is the unescaped name; returns its index, 0 to
+// kReadMemberCount - 1 (a bit of a 64-bit set), or -1 for any other name. Compares only the names as long as
+// `key` (a handful at most), inline. Throws nothing.
+inline constexpr int kReadMemberCount = 39;
+int read_member_index(std::string_view key);
+// The name at `index` (read_member_index's), as a static string.
+std::string_view read_member_name(int index);
+
+// The same for the members of the top-level stream_options object that Weir reads or rewrites
+// (include_usage: 0, continuous_usage_stats: 1); -1 for any other. read_stream_option_param gives the
+// error's `param`: "stream_options.include_usage", "stream_options.continuous_usage_stats".
+int read_stream_option_index(std::string_view key);
+std::string_view read_stream_option_param(int index);
+
+}  // namespace weir::api

@@ -17,6 +17,7 @@
 #include "api/json_scan.hpp"
 #include "api/lax_int.hpp"
 #include "api/member_names.hpp"
+#include "core/json_text.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
 
@@ -153,10 +154,14 @@ enum class Count : std::uint8_t { no, strings };
 
 // Boost.JSON's SAX events (basic_parser) turned into RequestFields' inputs
 // in one pass, with no DOM: which members are there, their types and
-// scalars, the sizes of the strings the prompt estimate counts. Repeated
-// keys: the last one wins (as Boost.JSON's DOM and Python's json read them,
-// so the gateway and vLLM see the same model); its accumulators start over
-// when a key repeats (vLLM's extra routes, whose texts are counted through
+// scalars, the sizes of the strings the prompt estimate counts. A repeated
+// top-level member Weir reads (read_member_index: model, max_tokens, ...; and
+// stream_options' include_usage, continuous_usage_stats) is noted in
+// `repeated` and the body refused (parse_request): JSON parsers differ on it
+// (Python's json and Boost.JSON keep the last, gjson and simdjson read the
+// first, serde refuses), and the body goes upstream as it came. Any other
+// repeated key: the last one wins, as vLLM's Python parser reads it; its
+// accumulators start over (vLLM's extra routes, whose texts are counted through
 // nested objects where a repeated key replaces its value too, count on a
 // DOM: parse_request). Never fails a parse itself: the checks run on the
 // whole, valid document (parse_request), so a syntax error anywhere comes
@@ -188,7 +193,10 @@ class FieldsHandler {
   // "\u017ftream" (folds_to_read_member). Empty: none.
   std::string folded_key;
   std::string_view folded_as;  // the name it folds to
-  bool infinite = false;       // a number beyond a double's range (1e400)
+  // The first top-level member Weir reads that the body gives twice (its name, or "stream_options.<name>" for
+  // one of stream_options'), a static string; empty: none.
+  std::string_view repeated;
+  bool infinite = false;  // a number beyond a double's range (1e400)
 
   // --- basic_parser's handler interface ---
   bool on_document_begin(boost::system::error_code&) { return true; }
@@ -214,6 +222,7 @@ class FieldsHandler {
                      (frames_[depth_ - 1].role == Role::message || frames_[depth_ - 1].count == Count::strings) &&
                      uncounted_key(std::string_view(key_, key_len_));
     pending_ = key_role(std::string_view(key_, key_len_));
+    if (depth_ > 0 && !key_long_) note_read_member(frames_[depth_ - 1].role);
     if (pending_ == Role::other && folded_key.empty() && depth_ > 0 && !key_long_ &&
         (frames_[depth_ - 1].role == Role::root || frames_[depth_ - 1].role == Role::stream_options)) {
       folded_as = folds_to_read_member(std::string_view(key_, key_len_), frames_[depth_ - 1].role == Role::root);
@@ -312,6 +321,24 @@ class FieldsHandler {
     }
   }
 
+  // A top-level member (or one of the top-level stream_options') that Weir reads: its second copy is noted.
+  void note_read_member(Role in) {
+    const std::string_view key(key_, key_len_);
+    if (in == Role::root) {
+      const int i = read_member_index(key);
+      if (i < 0) return;
+      const std::uint64_t bit = std::uint64_t{1} << i;
+      if ((seen_ & bit) != 0 && repeated.empty()) repeated = read_member_name(i);
+      seen_ |= bit;
+    } else if (in == Role::stream_options) {
+      const int i = read_stream_option_index(key);
+      if (i < 0) return;
+      const auto bit = static_cast<std::uint8_t>(1U << i);
+      if ((seen_options_ & bit) != 0 && repeated.empty()) repeated = read_stream_option_param(i);
+      seen_options_ |= bit;
+    }
+  }
+
   // (Not const: a part's media member marks the part, part_media_.)
   Role key_role(std::string_view key) {
     if (key_long_ || depth_ == 0) return Role::other;
@@ -406,6 +433,7 @@ class FieldsHandler {
       case Role::stream_options:
         stream_options = v;
         include_usage = {};
+        seen_options_ = 0;
         break;
       case Role::include_usage:
         include_usage = v;
@@ -548,7 +576,9 @@ class FieldsHandler {
   Role string_role_ = Role::other;
   std::uint64_t message_bytes_ = 0;
   std::uint64_t part_bytes_ = 0;
-  bool part_media_ = false;  // the part being read has a media_part_key member
+  bool part_media_ = false;        // the part being read has a media_part_key member
+  std::uint64_t seen_ = 0;         // the read_member_index names met at the top level
+  std::uint8_t seen_options_ = 0;  // and in stream_options (read_stream_option_index)
   char key_[32];
   std::size_t key_len_ = 0;
   bool key_long_ = false;
@@ -573,6 +603,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   const FieldsHandler& h = p.handler();
   if (h.root.type != Shape::Type::object)
     return tl::unexpected(core::bad_request("The request body must be a JSON object."));
+  if (!h.repeated.empty()) return tl::unexpected(repeated_member_error(h.repeated));
   if (!h.folded_key.empty())
     return tl::unexpected(core::bad_request(
         fmt::format("The request body has a member named '{}': member names are case-sensitive (OpenAI's API "
@@ -722,6 +753,67 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       break;
   }
   return f;
+}
+
+namespace {
+
+// `name` as a string of static storage (core::Error::param is a view): a read_member_index name, one of
+// stream_options', or a top-level member of an Anthropic Messages or OpenAI Responses request; else empty
+// (any other name is the client's text, named in the message only).
+std::string_view static_member_name(std::string_view name) {
+  if (const int i = read_member_index(name); i >= 0) return read_member_name(i);
+  for (int i = 0; i < 2; ++i)
+    if (name == read_stream_option_param(i)) return read_stream_option_param(i);
+  static constexpr std::array<std::string_view, 36> kTranslated = {"system",
+                                                                   "metadata",
+                                                                   "stop_sequences",
+                                                                   "top_k",
+                                                                   "top_p",
+                                                                   "tool_choice",
+                                                                   "thinking",
+                                                                   "service_tier",
+                                                                   "container",
+                                                                   "mcp_servers",
+                                                                   "output_config",
+                                                                   "output_format",
+                                                                   "context_management",
+                                                                   "instructions",
+                                                                   "max_output_tokens",
+                                                                   "max_tool_calls",
+                                                                   "parallel_tool_calls",
+                                                                   "previous_response_id",
+                                                                   "reasoning",
+                                                                   "store",
+                                                                   "text",
+                                                                   "truncation",
+                                                                   "include",
+                                                                   "background",
+                                                                   "conversation",
+                                                                   "prompt_cache_key",
+                                                                   "safety_identifier",
+                                                                   "stop",
+                                                                   "frequency_penalty",
+                                                                   "presence_penalty",
+                                                                   "logit_bias",
+                                                                   "modalities",
+                                                                   "audio",
+                                                                   "prediction",
+                                                                   "web_search_options",
+                                                                   "verbosity"};
+  for (const std::string_view n : kTranslated)
+    if (n == name) return n;
+  return {};
+}
+
+}  // namespace
+
+core::Error repeated_member_error(std::string_view name) {
+  return core::bad_request(
+      fmt::format("'{}' appears more than once in the request body: JSON parsers differ on which copy of a repeated "
+                  "member counts (the first, the last, or neither: a refusal), so Weir cannot know which one the "
+                  "upstream would act on. Send it once.",
+                  core::utf8_prefix(name, core::kMaxEchoBytes)),
+      static_member_name(name));
 }
 
 bool numbers_finite(const json::value& v) {

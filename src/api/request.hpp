@@ -78,7 +78,8 @@ struct RequestFields {
 // not a string, `stream` not a boolean, `stream_options` not an object,
 // `max_tokens`/`n`/`best_of` not positive integers (as vLLM's pydantic models
 // read an int in lax mode: an integral number, 2.0 too, or a string that
-// lax_int reads: api/lax_int.hpp). The body itself is not modified.
+// lax_int reads: api/lax_int.hpp), a member Weir reads given twice
+// (api/member_names.hpp read_member_index; repeated_member_error). The body itself is not modified.
 // (ApiKind::audio bodies are not JSON: parse_audio_request.)
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body);
 
@@ -91,6 +92,14 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
 // multipart, a malformed form, no `file` part, an empty `model`, a bad boolean,
 // `model`, `stream` or `stream_include_usage` given twice.
 tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body);
+
+// The 400 (invalid_request_error, `param` = `name`) for a body that gives a member Weir reads more than once
+// (`name`: the member, or "stream_options.include_usage"): JSON parsers differ on which copy counts (Python's
+// json and Boost.JSON the last, gjson and simdjson the first, serde and TGI refuse the body), so Weir, which
+// routes, authorizes and reserves by one copy, cannot know which one the upstream acts on. The message names
+// `name` (its first 256 bytes); `param` is it when it is a name Weir knows (a read_member_index one, one of
+// stream_options', a top-level member of the Messages or Responses API), else null: the error holds no copy.
+core::Error repeated_member_error(std::string_view name);
 
 // True when every number in `v` (nested to any depth) is finite. A
 // translated body is rebuilt from Boost.JSON's DOM, where a literal such as

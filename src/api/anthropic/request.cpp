@@ -10,6 +10,7 @@
 #include "api/json_write.hpp"
 
 #include "api/error_text.hpp"
+#include "api/json_scan.hpp"
 #include "api/request.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
@@ -357,6 +358,10 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     return invalid(invalid_body_message(ec, body));
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.");
+  // Every top-level member is read (translated; or, passed on to Anthropic, translated for a fallback):
+  // one given twice is refused, as parsers differ on which copy counts.
+  if (const auto rep = repeated_member(body, doc.get_object().size()))
+    return tl::unexpected(repeated_member_error(*rep));
   if (!numbers_finite(doc)) return invalid("The request body has a number too large for a JSON number (e.g. 1e400).");
   // An integer beyond 64 bits (a tool's schema, a tool_use input) is kept
   // exactly: parsed again with it as a token, restored in the output.

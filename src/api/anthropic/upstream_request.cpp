@@ -625,6 +625,10 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
     return fail(invalid_body_message(ec, body));
   }
   if (!doc.is_object()) return fail("The request body must be a JSON object.");
+  // Every top-level member is read (translated; or, passed on to Anthropic, translated for a fallback):
+  // one given twice is refused, as parsers differ on which copy counts.
+  if (const auto rep = repeated_member(body, doc.get_object().size()))
+    return tl::unexpected(repeated_member_error(*rep));
   const auto& in = doc.get_object();
   RequestFields f;
   const auto* model = in.if_contains("model");

@@ -14,6 +14,7 @@
 #include "api/json_write.hpp"
 
 #include "api/error_text.hpp"
+#include "api/json_scan.hpp"
 #include "api/request.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
@@ -394,6 +395,10 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
     return invalid(invalid_body_message(ec, body), {});
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
+  // Every top-level member is read (translated): one given twice is refused, as parsers differ on which copy
+  // counts (a client's parser may have sent either, meaning it).
+  if (const auto rep = repeated_member(body, doc.get_object().size()))
+    return tl::unexpected(repeated_member_error(*rep));
   if (!numbers_finite(doc))
     return invalid("The request body has a number too large for a JSON number (e.g. 1e400).", {});
   // An integer beyond 64 bits (a tool's or format's schema) is kept exactly:

@@ -1,6 +1,7 @@
 // Anthropic Messages request → OpenAI chat-completions body: every mapped
 // field, the content blocks, and the 400s for bad input.
 #include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
 
 #include <gtest/gtest.h>
 
@@ -352,6 +353,36 @@ TEST(AnthropicRequest, ImageBlocksAreMediaParts) {
            Target::messages, &f);
   EXPECT_EQ(f.media_parts, 2u);
   EXPECT_EQ(f.prompt_bytes, 8u);
+}
+
+// Every member of an Anthropic request is read (translated, or read and passed on to an Anthropic pool and
+// translated for a fallback): one given twice is refused, naming it, as parsers differ on which copy counts.
+TEST(AnthropicRequest, ARepeatedMemberIsRefused) {
+  for (const Target t : {Target::messages, Target::count_tokens}) {
+    for (
+        const char* body :
+        {R"({"model":"secret","model":"plain","max_tokens":1,"messages":[{"role":"user","content":"hi"}]})",
+         R"({"model":"m","max_tokens":100000,"max_tokens":1,"messages":[{"role":"user","content":"hi"}]})",
+         R"({"model":"m","max_tokens":1,"messages":[],"temperature":0,"messages":[{"role":"user","content":"hi"}]})",
+         R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hi"}],"m\u0065tadata":{},"metadata":{}})"}) {
+      const auto e = failure(body, t);
+      EXPECT_EQ(e.status, 400) << body;
+      EXPECT_NE(e.message.find("appears more than once"), std::string::npos) << e.message;
+    }
+    EXPECT_EQ(
+        failure(R"({"model":"a","model":"b","max_tokens":1,"messages":[{"role":"user","content":"x"}]})", t).param,
+        "model");
+    // Read (to an Anthropic pool) as translated: the same refusal.
+    const auto r = read_messages_request(
+        R"({"model":"a","max_tokens":1,"max_tokens":9,"messages":[{"role":"user","content":"x"}]})",
+        t == Target::count_tokens);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().param, "max_tokens");
+    // A repeated key inside a member is the client's to mean (the DOM keeps the last, as the translation sends).
+    EXPECT_TRUE(read_messages_request(
+        R"({"model":"a","max_tokens":1,"messages":[{"role":"user","content":"x","content":"y"}]})",
+        t == Target::count_tokens));
+  }
 }
 
 }  // namespace

@@ -604,5 +604,25 @@ TEST(ApiJsonScanProperty, RemoveMemberMeansTheEditAndKeepsOtherMembersVerbatim) 
   }
 }
 
+// repeated_member: the first top-level name given twice (compared unescaped, in the order of the second
+// copies); nested repeats are no top-level ones; with `distinct` (a DOM's size) equal to the count, nothing.
+TEST(JsonScan, RepeatedMemberNamesTheFirstRepeatedTopLevelName) {
+  EXPECT_EQ(repeated_member(R"({"a":1,"b":2})"), std::nullopt);
+  EXPECT_EQ(repeated_member(R"({})"), std::nullopt);
+  EXPECT_EQ(repeated_member(R"({"model":"a","model":"b"})"), "model");
+  EXPECT_EQ(repeated_member(R"({"b":1,"a":{"b":2,"b":3},"c":[{"c":1}],"a":4,"b":5})"), "a");
+  EXPECT_EQ(repeated_member(R"({"mod\u0065l":1,"x":2,"model":3})"), "model");
+  EXPECT_EQ(repeated_member(R"({"\ud83d\ude00":1,"\ud83d\ude00":2})"), "\xf0\x9f\x98\x80");
+  EXPECT_EQ(repeated_member(R"( {"a":"}","a":"{"} )"), "a");
+  // Not an object: nothing (the validating parse says why).
+  EXPECT_EQ(repeated_member(R"([1,1])"), std::nullopt);
+  EXPECT_EQ(repeated_member(R"({"a":1,"a")"), std::nullopt);
+  // A DOM's size: equal to the members, nothing repeats.
+  EXPECT_EQ(repeated_member(R"({"a":1,"b":2})", 2), std::nullopt);
+  EXPECT_EQ(repeated_member(R"({"a":1,"a":2})", 1), "a");
+  const std::string body = R"({"model":"a","model":"b","c":1})";
+  EXPECT_EQ(repeated_member(body, json::parse(body).as_object().size()), "model");
+}
+
 }  // namespace
 }  // namespace weir::api

@@ -6,17 +6,20 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <boost/json.hpp>
+#include <boost/json/basic_parser_impl.hpp>
 
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "api/lax_int.hpp"
+#include "api/member_names.hpp"
 #include "api/request.hpp"
 
 namespace weir::api {
@@ -94,6 +97,74 @@ tl::expected<std::uint32_t, core::Error> ref_positive_int(const json::value& v, 
   return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
 }
 
+// The first top-level member Weir reads (read_member_index), or top-level stream_options' member
+// (read_stream_option_index), given a second time, in document order: keys at depth 1, and at depth 2 inside
+// the top-level stream_options object.
+class RepeatedKeys {
+ public:
+  static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
+  std::string repeated;
+
+  bool on_document_begin(boost::system::error_code&) { return true; }
+  bool on_document_end(boost::system::error_code&) { return true; }
+  bool on_object_begin(boost::system::error_code&) { return open(true); }
+  bool on_object_end(std::size_t, boost::system::error_code&) { return close(); }
+  bool on_array_begin(boost::system::error_code&) { return open(false); }
+  bool on_array_end(std::size_t, boost::system::error_code&) { return close(); }
+  bool on_key_part(json::string_view s, std::size_t, boost::system::error_code&) {
+    key_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_key(json::string_view s, std::size_t, boost::system::error_code&) {
+    key_.append(s.data(), s.size());
+    if (stack_.size() == 1) {
+      if (read_member_index(key_) >= 0 && !top_.insert(key_).second && repeated.empty()) repeated = key_;
+    } else if (stack_.size() == 2 && stack_.back() == Frame::options) {
+      if (read_stream_option_index(key_) >= 0 && !options_.insert(key_).second && repeated.empty())
+        repeated = "stream_options." + key_;
+    }
+    last_key_ = std::move(key_);
+    key_.clear();
+    return true;
+  }
+  bool on_string_part(json::string_view, std::size_t, boost::system::error_code&) { return true; }
+  bool on_string(json::string_view, std::size_t, boost::system::error_code&) { return true; }
+  bool on_number_part(json::string_view, boost::system::error_code&) { return true; }
+  bool on_int64(std::int64_t, json::string_view, boost::system::error_code&) { return true; }
+  bool on_uint64(std::uint64_t, json::string_view, boost::system::error_code&) { return true; }
+  bool on_double(double, json::string_view, boost::system::error_code&) { return true; }
+  bool on_bool(bool, boost::system::error_code&) { return true; }
+  bool on_null(boost::system::error_code&) { return true; }
+  bool on_comment_part(json::string_view, boost::system::error_code&) { return true; }
+  bool on_comment(json::string_view, boost::system::error_code&) { return true; }
+
+ private:
+  enum class Frame { other, options };
+  bool open(bool object) {
+    const bool options = object && stack_.size() == 1 && last_key_ == "stream_options";
+    if (options) options_.clear();
+    stack_.push_back(options ? Frame::options : Frame::other);
+    return true;
+  }
+  bool close() {
+    stack_.pop_back();
+    return true;
+  }
+  std::vector<Frame> stack_;
+  std::set<std::string> top_, options_;
+  std::string key_, last_key_;
+};
+
+std::string ref_repeated(std::string_view body) {
+  json::basic_parser<RepeatedKeys> p(json::parse_options{});
+  boost::system::error_code ec;
+  p.write_some(false, body.data(), body.size(), ec);
+  return p.handler().repeated;
+}
+
 tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_view body) {
   json::parse_options opt;
   opt.max_depth = 64;
@@ -104,6 +175,7 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
     return tl::unexpected(core::bad_request(invalid_body_message(ec, body)));  // (its own tests: request_test)
   }
   if (!doc.is_object()) return tl::unexpected(core::bad_request("The request body must be a JSON object."));
+  if (const std::string r = ref_repeated(body); !r.empty()) return tl::unexpected(repeated_member_error(r));
   const auto& obj = doc.get_object();
   RequestFields f;
   const auto* model = obj.if_contains("model");
@@ -271,10 +343,15 @@ class Gen {
     out += "\":";
   }
 
-  // A key from `keys` not yet in `used` when unique_ (the last one picked otherwise).
+  // A key from `keys` not yet in `used` when unique_ (the last one picked otherwise). Otherwise a key already
+  // used is picked again one time in four (a repeated member Weir reads is refused: most bodies must get past
+  // that check for their fields to be compared).
   template <std::size_t N>
   std::string_view pick_key(const char* const (&keys)[N], std::vector<std::string_view>& used) {
     std::string_view k = keys[pick(N)];
+    for (int tries = 0; !unique_ && tries < 3 && std::find(used.begin(), used.end(), k) != used.end() && pick(4) != 0;
+         ++tries)
+      k = keys[pick(N)];
     for (int tries = 0; unique_ && std::find(used.begin(), used.end(), k) != used.end() && tries < 64; ++tries)
       k = keys[pick(N)];
     if (unique_ && std::find(used.begin(), used.end(), k) != used.end()) k = "unique_fallback";

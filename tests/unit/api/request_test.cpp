@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "api/member_names.hpp"
+
 namespace weir::api {
 namespace {
 
@@ -94,7 +96,8 @@ TEST(ApiParseRequest, NamesThatFoldToAReadNameAreRefused) {
   ok(kChat, R"({"model":"m","user":"u","echo":false,"Temperature":1,"models":"x","model_":"y"})");
   ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi","Model":"x"}],"metadata":{"MODEL":1}})");
   ok(kCompletions, R"({"model":"m","prompt":"p","echo":true,"logprobs":1})");
-  ok(kChat, R"({"model":"m","\u006dodel":"m"})");  // an escaped exact name is that name
+  ok(kChat, R"({"\u006dodel":"m"})");  // an escaped exact name is that name (and given twice, a repeat of it)
+  EXPECT_EQ(refused(kChat, R"({"model":"m","\u006dodel":"m"})").param, "model");
   ok(kChat, R"({"model":"m","mod\u00e9l":"x","\u017f":1})");
 }
 
@@ -196,16 +199,14 @@ TEST(ApiParseRequest, CountsGivenAsStringsAreReadAsPydanticReadsThem) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","n":"2","best_of":"4.0"})").sequences(), 4u);
   EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","n":"+3"})").n, 3u);
   EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"99999999999"})").max_tokens, 4294967295u);
-  // Escaped, and repeated (the last wins, a number after a string and a string after a number).
+  // Escaped; repeated: refused (ApiParseRequest.RepeatedMembersWeirReadsAreRefused).
   EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"\u0035"})").max_tokens, 5u);
-  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"7","max_tokens":8})").max_tokens, 8u);
-  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":8,"max_tokens":"9"})").max_tokens, 9u);
-  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"x","max_tokens":"9"})").max_tokens, 9u);
+  EXPECT_EQ(refused(kChat, R"({"model":"m","max_tokens":"7","max_tokens":8})").param, "max_tokens");
   // A long string, in pieces to the parser: read whole.
   const std::string spaced =
       std::string(R"({"model":"m","n":")") + std::string(5000, ' ') + "6" + std::string(5000, ' ') + R"("})";
   EXPECT_EQ(ok(kChat, spaced).n, 6u);
-  EXPECT_EQ(refused(kChat, R"({"model":"m","max_tokens":"3","max_tokens":"3.5"})").param, "max_tokens");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","max_tokens":"3.5"})").param, "max_tokens");
 }
 
 // vLLM's request_id, kept for the gateway (which takes it on chat and completions:
@@ -214,12 +215,10 @@ TEST(ApiParseRequest, RequestIdIsTheTopLevelString) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","request_id":"my-trace-42"})").request_id, "my-trace-42");
   EXPECT_EQ(ok(kCompletions, R"({"request_id":"a\u002db","prompt":"p"})").request_id, "a-b");
   EXPECT_EQ(ok(kChat, R"({"model":"m"})").request_id, "");
-  // Not a string: none (forwarded as it came, the upstream's to refuse); the last of a repeated key.
+  // Not a string: none (forwarded as it came, the upstream's to refuse); repeated: refused.
   for (const char* v : {"7", "null", "true", "[\"x\"]", "{\"a\":\"b\"}"})
     EXPECT_EQ(ok(kChat, fmt::format(R"({{"model":"m","request_id":{}}})", v)).request_id, "") << v;
-  EXPECT_EQ(ok(kChat, R"({"request_id":"a","model":"m","request_id":7})").request_id, "");
-  EXPECT_EQ(ok(kChat, R"({"request_id":7,"model":"m","request_id":"b"})").request_id, "b");
-  EXPECT_EQ(ok(kChat, R"({"request_id":"a","request_id":"bc"})").request_id, "bc");
+  EXPECT_EQ(refused(kChat, R"({"request_id":"a","model":"m","request_id":7})").param, "request_id");
   // Only the body's own member, not one nested.
   EXPECT_EQ(ok(kChat, R"({"model":"m","metadata":{"request_id":"x"}})").request_id, "");
   // A long one: its first kRequestIdKept bytes, too many for an id (valid_request_id refuses it).
@@ -303,10 +302,10 @@ TEST(ApiParseRequest, ChatPromptBytesCountWhatTheTemplateRenders) {
   // c1 + function + get + {"q":1} ; c1 + get + 42 (role values are in the per-message overhead)
   EXPECT_EQ(f.prompt_bytes, (2u + 8 + 3 + 7) + (2 + 3 + 2));
 
-  // Legacy functions and vLLM's documents too (the last of a repeated key, as vLLM reads it).
+  // Legacy functions and vLLM's documents too.
   EXPECT_EQ(ok(kChat, R"({"model":"m","functions":[{"name":"ab"}],"documents":[{"t":"xyz"}]})").prompt_bytes,
             std::string_view(R"([{"name":"ab"}])").size() + std::string_view(R"([{"t":"xyz"}])").size());
-  EXPECT_EQ(ok(kChat, R"({"model":"m","tools":[1,2,3,4,5],"tools":[1]})").prompt_bytes, 3u);
+  EXPECT_EQ(refused(kChat, R"({"model":"m","tools":[1,2,3,4,5],"tools":[1]})").param, "tools");
   // Refusal and thinking parts are prompt text (vLLM's chat_utils), as text parts are.
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"assistant","content":[{"type":"refusal","refusal":"no"},)"
                       R"({"type":"thinking","thinking":"hmm"}]}]})")
@@ -317,11 +316,11 @@ TEST(ApiParseRequest, ChatPromptBytesCountWhatTheTemplateRenders) {
                 R"("image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"input_audio",)"
                 R"("input_audio":{"data":"AAAA","format":"wav"}}],"images":[{"url":"u"}]}]})");
   EXPECT_EQ(f.prompt_bytes, 0u);
-  // A repeated messages array is counted as the last one (as vLLM reads it).
-  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","name":"abcdef"}],)"
-                      R"("messages":[{"role":"user","name":"ab"}]})")
-                .prompt_bytes,
-            2u);
+  // A repeated messages array: refused.
+  EXPECT_EQ(refused(kChat, R"({"model":"m","messages":[{"role":"user","name":"abcdef"}],)"
+                           R"("messages":[{"role":"user","name":"ab"}]})")
+                .param,
+            "messages");
 }
 
 TEST(ApiParseRequest, CompletionsPromptStringListAndTokenIds) {
@@ -483,11 +482,6 @@ TEST(ApiParseRequest, MediaPartsAreCountedOneEach) {
   EXPECT_EQ(f.media_parts, 6u);
   EXPECT_EQ(f.prompt_bytes, 8u + 2u);  // "describe", "ok": the media's bytes are not text
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi"}]})").media_parts, 0u);
-  // A repeated messages member: the last one's.
-  EXPECT_EQ(ok(kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}],
-                          "messages":[{"role":"user","content":"hi"}]})")
-                .media_parts,
-            0u);
   // vLLM's embeddings of a conversation count theirs too.
   EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","messages":[{"role":"user","content":[
                                 {"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"x"}]}]})")
@@ -504,6 +498,94 @@ TEST(ApiParseRequest, MinTokensIsRead) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":-1})").min_tokens, 0u);
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":"many"})").min_tokens, 0u);
   EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","input":"x","min_tokens":9})").min_tokens, 0u);
+}
+
+}  // namespace
+}  // namespace weir::api
+
+namespace weir::api {
+namespace {
+
+// A member Weir reads, given twice: JSON parsers differ on which copy counts (Python's json the last, gjson and
+// simdjson the first, serde refuses), and the body goes upstream as it came: refused, naming it.
+TEST(ApiParseRequest, ReadMemberNames) {
+  for (int i = 0; i < kReadMemberCount; ++i) EXPECT_EQ(read_member_index(read_member_name(i)), i) << i;
+  for (const char* other : {"", "Model", "models", "mode", "metadata", "x", "stream_option", "guided_jsonx"})
+    EXPECT_EQ(read_member_index(other), -1) << other;
+  EXPECT_EQ(read_stream_option_index("include_usage"), 0);
+  EXPECT_EQ(read_stream_option_index("continuous_usage_stats"), 1);
+  EXPECT_EQ(read_stream_option_index("x"), -1);
+}
+
+TEST(ApiParseRequest, RepeatedMembersWeirReadsAreRefused) {
+  for (const ApiKind kind :
+       {ApiKind::chat_completions, ApiKind::completions, ApiKind::embeddings, ApiKind::vllm_extra}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    for (const char* name : {"model",
+                             "stream",
+                             "stream_options",
+                             "max_tokens",
+                             "max_completion_tokens",
+                             "n",
+                             "best_of",
+                             "min_tokens",
+                             "request_id",
+                             "messages",
+                             "prompt",
+                             "input",
+                             "tools",
+                             "functions",
+                             "documents",
+                             "chat_template",
+                             "chat_template_kwargs",
+                             "text",
+                             "query",
+                             "text_1",
+                             "text_2",
+                             "echo",
+                             "logprobs",
+                             "top_logprobs",
+                             "prompt_logprobs",
+                             "suffix",
+                             "user",
+                             "temperature",
+                             "seed",
+                             "response_format",
+                             "guided_json",
+                             "guided_regex",
+                             "guided_choice",
+                             "guided_grammar",
+                             "guided_whitespace_pattern",
+                             "structured_outputs",
+                             "structural_tag",
+                             "continue_final_message",
+                             "add_generation_prompt"}) {
+      SCOPED_TRACE(name);
+      const auto e = refused(kind, fmt::format(R"({{"{0}":null,"x":1,"{0}":null}})", name));
+      EXPECT_EQ(e.param, name);
+      EXPECT_NE(e.message.find(fmt::format("'{}' appears more than once", name)), std::string::npos) << e.message;
+      EXPECT_EQ(e.status, 400);
+    }
+    // The attack's bodies: a second model, a second max_tokens; an escaped spelling is the same name.
+    EXPECT_EQ(refused(kind, R"({"model":"secret","model":"plain"})").param, "model");
+    EXPECT_EQ(refused(kind, R"({"max_tokens":100000,"model":"s","max_tokens":1})").param, "max_tokens");
+    EXPECT_EQ(refused(kind, R"({"model":"a","m\u006fdel":"b"})").param, "model");
+    // The first repeated one is named.
+    EXPECT_EQ(refused(kind, R"({"n":1,"model":"a","model":"b","n":2})").param, "model");
+    // stream_options' own members Weir reads or rewrites.
+    EXPECT_EQ(refused(kind, R"({"stream_options":{"include_usage":false,"include_usage":true}})").param,
+              "stream_options.include_usage");
+    EXPECT_EQ(refused(kind, R"({"stream_options":{"continuous_usage_stats":1,"continuous_usage_stats":2}})").param,
+              "stream_options.continuous_usage_stats");
+    // Members Weir does not read may repeat (passed on as they came), at the top level or nested, and a read
+    // name repeated inside another member is no repeat of the top-level one.
+    EXPECT_TRUE(parse_request(kind, R"({"model":"m","metadata":1,"metadata":2,"x":{"model":1,"model":2}})"));
+    EXPECT_TRUE(parse_request(kind, R"({"model":"m","stream_options":{"x":1,"x":2},"y":{"include_usage":1,)"
+                                    R"("include_usage":2}})"));
+    EXPECT_TRUE(parse_request(kind, R"({"model":"m","messages":[{"content":"a","content":"b"}]})"));
+    // A syntax error anywhere comes first, as from a DOM parse.
+    EXPECT_EQ(refused(kind, R"({"model":"a","model":"b",})").param, "");
+  }
 }
 
 }  // namespace

@@ -295,5 +295,17 @@ TEST(ResponsesRequest, InputImagesAreMediaParts) {
   EXPECT_EQ(t.fields.prompt_bytes, 8u);
 }
 
+// Every member of a Responses request is read (translated): one given twice is refused, naming it, as
+// parsers differ on which copy counts.
+TEST(ResponsesRequest, ARepeatedMemberIsRefused) {
+  EXPECT_EQ(failure(R"({"model":"secret","input":"hi","model":"plain"})").param, "model");
+  EXPECT_EQ(failure(R"({"model":"m","input":"hi","max_output_tokens":100000,"max_output_tokens":16})").param,
+            "max_output_tokens");
+  EXPECT_EQ(failure(R"({"model":"m","input":"hi","instructions":"a","instructions":"b"})").param, "instructions");
+  const auto e = failure(R"({"model":"m","input":"a","input":"b"})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("'input' appears more than once"), std::string::npos) << e.message;
+}
+
 }  // namespace
 }  // namespace weir::api::responses
