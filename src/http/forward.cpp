@@ -97,6 +97,68 @@ template <class Field>
 bool is_forwarded(const Field& f) {
   return f.name() == bh::field::forwarded;
 }
+// RFC 9110 §5.6.2 tchar.
+bool tchar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+}  // namespace
+
+bool forwarded_well_formed(std::string_view v) {
+  // Forwarded = 1#forwarded-element; forwarded-element = [ forwarded-pair ] *( ";" [ forwarded-pair ] );
+  // forwarded-pair = token "=" value; value = token / quoted-string (RFC 7239 §4, RFC 9110 §5.6). OWS is
+  // taken around "," (the list rule) and ";" (some proxies write "; "), nowhere else.
+  std::size_t i = 0;
+  const std::size_t n = v.size();
+  const auto ows = [&] {
+    while (i < n && (v[i] == ' ' || v[i] == '\t')) ++i;
+  };
+  bool any = false;  // a non-empty element (1#: at least one)
+  for (;;) {
+    for (;;) {  // one element: its pairs
+      ows();
+      if (i < n && tchar(v[i])) {
+        while (i < n && tchar(v[i])) ++i;
+        if (i >= n || v[i] != '=') return false;
+        ++i;
+        if (i < n && v[i] == '"') {
+          for (++i;; ++i) {
+            if (i >= n) return false;  // unterminated
+            const auto c = static_cast<unsigned char>(v[i]);
+            if (c == '"') break;
+            if (c == '\\') {
+              if (++i >= n) return false;
+              const auto e = static_cast<unsigned char>(v[i]);
+              if (e != '\t' && (e < 0x20 || e == 0x7f)) return false;
+            } else if (c != '\t' && (c < 0x20 || c == 0x7f)) {
+              return false;
+            }
+          }
+          ++i;
+        } else {
+          if (i >= n || !tchar(v[i])) return false;
+          while (i < n && tchar(v[i])) ++i;
+        }
+        any = true;
+        ows();
+      }
+      if (i < n && v[i] == ';') {
+        ++i;
+        any = true;
+        continue;
+      }
+      break;
+    }
+    ows();
+    if (i >= n) return any;
+    if (v[i] != ',') return false;
+    ++i;
+  }
+}
+
+namespace {
+
 // X-Real-IP (nginx's; no Beast field code of its own).
 template <class Field>
 bool is_real_ip(const Field& f) {
@@ -266,12 +328,18 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   }
   const bool own_trace = !o.traceparent.empty();
   const bool add_for = !o.client_address.empty();
-  bool client_for = false;        // the client sent X-Forwarded-For (joined below, before its address)
-  bool client_forwarded = false;  // and Forwarded (the same)
+  bool client_for = false;               // the client sent X-Forwarded-For (joined below, before its address)
+  bool client_forwarded = false;         // and Forwarded (Weir's element is added to it)
+  bool forwarded_kept = o.trusted_peer;  // the client's Forwarded elements go up (a front proxy's, all well-formed)
   const ConnectionListed listed(req);
   copy_end_to_end(out, req, listed, [&](const auto& f) {
-    if (add_for && is_forwarded(f)) {
-      client_forwarded = true;
+    if (is_forwarded(f)) {
+      // (Its hop-by-hop and empty lines are no Forwarded sent: copy_end_to_end drops the former. A micro-batch
+      // of several clients sends none.)
+      if (!o.shared && !core::trim_ows(f.value()).empty() && !hop_by_hop_in(listed, f)) {
+        client_forwarded = true;
+        forwarded_kept = forwarded_kept && forwarded_well_formed(f.value());
+      }
       return true;
     }
     if (f.name() == bh::field::unknown) {
@@ -312,20 +380,30 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += o.real_ip;
     out += "\r\n";
   }
-  if (client_forwarded) {
-    // RFC 7239 §4: a proxy appends its element; the upstream trusts only the ones its own peer (Weir) wrote,
-    // so the client's elements reach it as the client's claim, never as Weir's.
+  if (client_forwarded && (add_for || forwarded_kept)) {
+    // RFC 7239 §4: a proxy appends its element; the upstream trusts only the ones its own peer (Weir) wrote.
+    // The client's elements go before it only from a front proxy of server.trusted_proxies, and only when
+    // every line parses (§4): a client's host=, proto= or by= would otherwise reach the upstream as the
+    // front's word (as X-Forwarded-Host and -Proto would: is_front_view_field), and an unclosed quote would
+    // swallow Weir's element. Otherwise Weir's element goes alone.
     out += "Forwarded: ";
+    bool first = true;
     for (const auto& f : req) {
+      if (!forwarded_kept) break;
       if (!is_forwarded(f) || core::trim_ows(f.value()).empty() || hop_by_hop_in(listed, f)) continue;
-      out += f.value();
-      out += ", ";
+      if (!first) out += ", ";
+      out += core::trim_ows(f.value());
+      first = false;
     }
-    // An IPv6 node is quoted and in brackets (§6: "[" and ":" are not token characters).
-    const bool v6 = o.client_address.find(':') != std::string_view::npos;
-    out += v6 ? "for=\"[" : "for=";
-    out += o.client_address;
-    out += v6 ? "]\"\r\n" : "\r\n";
+    if (add_for) {
+      if (!first) out += ", ";
+      // An IPv6 node is quoted and in brackets (§6: "[" and ":" are not token characters).
+      const bool v6 = o.client_address.find(':') != std::string_view::npos;
+      out += v6 ? "for=\"[" : "for=";
+      out += o.client_address;
+      out += v6 ? "]\"" : "";
+    }
+    out += "\r\n";
   }
   out += "\r\n";
 }

@@ -51,8 +51,12 @@ struct UpstreamHeadOptions {
   // none: nginx's $proxy_add_x_forwarded_for, Envoy's append. A client's
   // Forwarded (RFC 7239) goes up the same way, its lines joined and this
   // appended as a `for=` element (§4; an IPv6 address quoted and in
-  // brackets, §6); none sent: none added. Empty: the client's
-  // X-Forwarded-For and Forwarded lines pass through as they came.
+  // brackets, §6); none sent (no line, or only empty ones or ones named in
+  // Connection): none added. The client's Forwarded elements go before
+  // Weir's only from a trusted_peer, and only when every line is
+  // well-formed (forwarded_well_formed); else Weir's element goes alone.
+  // Empty: the client's X-Forwarded-For passes through as it came, its
+  // Forwarded only from a trusted_peer and well-formed.
   std::string_view client_address;
   // The request's client as Weir resolved it (Downstream::client_address: the peer, or from a front proxy
   // of server.trusted_proxies the client its X-Forwarded-For names; the access log's `client`): non-empty,
@@ -74,6 +78,12 @@ struct UpstreamHeadOptions {
 // (a credential: forwarded_upstream's rule), and the one-address client fields CDNs set (X-Client-IP,
 // True-Client-IP, CF-Connecting-IP, Fastly-Client-IP). X-Real-IP is not one: Weir writes its own.
 bool is_front_view_field(std::string_view name);
+
+// True when `value` (one Forwarded field line's value) parses as RFC 7239 §4 has it: a list of elements, each
+// `;`-separated `token=value` pairs (a value a token or a closed quoted-string, RFC 9110 §5.6.4), empty list
+// elements and pairs allowed; OWS around "," and ";" only. False for anything else (an unclosed quote, a
+// bare token, a space in a token, a control character).
+bool forwarded_well_formed(std::string_view value);
 
 // Appends the request target sent to an endpoint whose URL has a path
 // `base` (no trailing '/') and a query `query`: OpenAI-style base URLs, as

@@ -175,7 +175,8 @@ CLIENT_CONTEXT = {
 # client field).
 FRONT_VIEW = {"x-client-ip", "true-client-ip", "cf-connecting-ip", "x-forwarded-host", "x-forwarded-proto"}
 SENT_CONTEXT = dict({k: v for k, v in CLIENT_CONTEXT.items() if k != "x-real-ip" and k not in FRONT_VIEW},
-                    forwarded="for=10.1.1.1, for=127.0.0.1", **{"x-real-ip": "127.0.0.1"})
+                    # (the client's own Forwarded element is dropped from a peer not in trusted_proxies: stop 59)
+                    forwarded="for=127.0.0.1", **{"x-real-ip": "127.0.0.1"})
 
 
 KEYLESS_CONTEXT = {"user-agent": "AliceApp/1.0", "x-stainless-os": "Linux", "x-stainless-lang": "python"}

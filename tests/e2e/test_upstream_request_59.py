@@ -181,3 +181,55 @@ def test_a_repeated_member_weir_does_not_read_passes_as_it_came(weir, upstream):
     r = post(w, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     assert upstream.last()["body"] == body.encode()
+
+
+# --- I2: Forwarded -------------------------------------------------------------------------------------------
+
+def forwarded_gateway(weir, upstream, trusted=None):
+    config = {"pools": {"p": {"endpoints": [upstream.url], "retry": {"attempts": 1}}}, "models": {"m": {"pool": "p"}}}
+    if trusted is not None:
+        config["server"] = {"trusted_proxies": trusted}
+    return weir(config=config, workers=1)
+
+
+CHAT = '{"model":"m","messages":%s}' % MSG
+
+
+def sent_forwarded(w, upstream, lines: str) -> list[str]:
+    status, body = raw(w, "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                       + lines, CHAT.encode())
+    assert status == 200, body
+    return [v for n, v in upstream.last()["headers"] if n == "forwarded"]
+
+
+# DEFECT: from a peer not in server.trusted_proxies the client's host=/proto=/by= reached the upstream (its
+# X-Forwarded-Host and -Proto were dropped). Now only Weir's own element goes.
+def test_an_untrusted_clients_forwarded_is_replaced_by_weirs_element(weir, upstream):
+    w = forwarded_gateway(weir, upstream)
+    lines = ("X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\n"
+             "Forwarded: host=evil.example;proto=https;by=10.0.0.1\r\n")
+    assert sent_forwarded(w, upstream, lines) == ["for=127.0.0.1"]
+    names = [n for n, _ in upstream.last()["headers"]]
+    assert "x-forwarded-host" not in names and "x-forwarded-proto" not in names
+
+
+# DEFECT: an unclosed quote (from any peer) swallowed Weir's `for=` element into the client's quoted string.
+# Now a Forwarded that does not parse (RFC 7239 §4) is dropped, even from a trusted proxy; a well-formed one
+# from a trusted proxy goes before Weir's element.
+@pytest.mark.parametrize("value", ['for="6.6.6.6', 'for=6.6.6.6;host="x', 'for=6.6.6.6;x="\\', "for"])
+def test_a_malformed_forwarded_never_swallows_weirs_element(weir, upstream, value):
+    w = forwarded_gateway(weir, upstream, trusted=["127.0.0.1"])
+    assert sent_forwarded(w, upstream, f"Forwarded: {value}\r\n") == ["for=127.0.0.1"]
+    assert sent_forwarded(w, upstream, f"Forwarded: for=5.5.5.5\r\nForwarded: {value}\r\n") == ["for=127.0.0.1"]
+    assert sent_forwarded(w, upstream, "Forwarded: for=5.5.5.5;proto=https\r\n") == [
+        "for=5.5.5.5;proto=https, for=127.0.0.1"]
+
+
+# DEFECT: a Forwarded named in Connection (hop-by-hop: never forwarded) still made Weir add one, though the
+# README says "none sent: none added".
+def test_a_hop_by_hop_forwarded_is_none_sent(weir, upstream):
+    w = forwarded_gateway(weir, upstream, trusted=["127.0.0.1"])
+    status, body = raw(w, "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nContent-Type: application/json\r\n"
+                       "Forwarded: for=6.6.6.6\r\nConnection: forwarded\r\n", CHAT.encode())
+    assert status == 200, body
+    assert [v for n, v in upstream.last()["headers"] if n == "forwarded"] == []

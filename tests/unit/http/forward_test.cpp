@@ -215,9 +215,10 @@ TEST(HttpForward, XForwardedForEndsWithTheClientAddress) {
   EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6"});
 }
 
-// RFC 7239 §4: a client's Forwarded goes up with Weir's own element appended (the peer it saw), never as
-// Weir's word. X-Real-IP has no list to append to: the client's never goes up, from any peer; Weir sends the
-// client it resolved (real_ip), as nginx's `proxy_set_header X-Real-IP $remote_addr` with realip does.
+// RFC 7239 §4: a front proxy's Forwarded goes up with Weir's own element appended (the peer it saw); a
+// client's (any peer not in server.trusted_proxies) is dropped, Weir's element alone. X-Real-IP has no list
+// to append to: the client's never goes up, from any peer; Weir sends the client it resolved (real_ip), as
+// nginx's `proxy_set_header X-Real-IP $remote_addr` with realip does.
 TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpIsWeirsOwn) {
   auto o = options();
   o.client_address = "127.0.0.1";
@@ -227,14 +228,19 @@ TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpIsWeirsOwn) {
       "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n"
       "forwarded: for=7.7.7.7;proto=https\r\nAccept: */*\r\nx-real-ip: 8.8.8.8\r\n\r\n";
   append_upstream_request_head(out, request(forged), o);
-  EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=127.0.0.1"});
+  EXPECT_EQ(values(out, "forwarded"), Values{"for=127.0.0.1"});
   EXPECT_EQ(values(out, "x-real-ip"), Values{"127.0.0.1"});
   EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  o.trusted_peer = true;
+  out.clear();
+  append_upstream_request_head(out, request(forged), o);
+  EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=127.0.0.1"});
   // An IPv6 node is quoted and bracketed (§6).
   o.client_address = "2001:db8::1";
   out.clear();
   append_upstream_request_head(out, request(forged), o);
   EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=\"[2001:db8::1]\""});
+  o.trusted_peer = false;
   // From a trusted proxy (server.trusted_proxies) that neither set nor stripped it (Caddy): still Weir's
   // own, the client the proxy's X-Forwarded-For named.
   o.trusted_peer = true;
@@ -252,6 +258,48 @@ TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpIsWeirsOwn) {
   append_upstream_request_head(out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n\r\n"), o);
   EXPECT_EQ(values(out, "forwarded"), Values{});
   EXPECT_EQ(values(out, "x-forwarded-for"), Values{"2001:db8::1"});
+}
+
+// A client's Forwarded (host=, proto=, by=: what a front proxy saw, as X-Forwarded-Host and -Proto say) goes
+// up only from a trusted peer, and only when every line parses as RFC 7239 §4 has it: else Weir's element
+// goes alone, a separate well-formed element that no unclosed quote of the client's can swallow. A line
+// named in Connection (or empty) is no Forwarded sent: none added.
+TEST(HttpForward, ForwardedNeedsATrustedPeerAndAWellFormedValue) {
+  auto o = options();
+  o.client_address = "10.9.9.9";
+  const auto forwarded = [&](std::string_view lines, bool trusted) {
+    o.trusted_peer = trusted;
+    std::string out;
+    append_upstream_request_head(
+        out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n" + std::string(lines) + "\r\n"), o);
+    return values(out, "forwarded");
+  };
+  const std::string host = "Forwarded: host=evil.example;proto=https;by=10.0.0.1\r\n";
+  EXPECT_EQ(forwarded(host, false), Values{"for=10.9.9.9"});
+  EXPECT_EQ(forwarded(host, true), Values{"host=evil.example;proto=https;by=10.0.0.1, for=10.9.9.9"});
+  for (const bool trusted : {false, true}) {
+    SCOPED_TRACE(trusted);
+    for (const char* bad : {"for=\"6.6.6.6", "for=6.6.6.6;host=\"x", "for=6.6.6.6;x=\"\\", "for", "for=a b",
+                            "for=6.6.6.6 x", "for=\"a\"b", "=x", "for=", ",", "for=a,,\"b"})
+      EXPECT_EQ(forwarded(std::string("Forwarded: ") + bad + "\r\n", trusted), Values{"for=10.9.9.9"}) << bad;
+    // One bad line of two: neither goes.
+    EXPECT_EQ(forwarded("Forwarded: for=6.6.6.6\r\nForwarded: for=\"7.7.7.7\r\n", trusted), Values{"for=10.9.9.9"});
+    // Named in Connection, or empty: no Forwarded sent, none added (README).
+    EXPECT_EQ(forwarded("Connection: forwarded\r\nForwarded: for=6.6.6.6\r\n", trusted), Values{});
+    EXPECT_EQ(forwarded("Forwarded: \r\n", trusted), Values{});
+  }
+  // Well-formed (§4, RFC 9110 §5.6): empty list elements and pairs, quoted strings with escapes, OWS
+  // around ',' and ';'.
+  for (const char* good : {"for=192.0.2.43, for=198.51.100.17;by=203.0.113.60;proto=http;host=example.com",
+                           "for=\"[2001:db8:cafe::17]:4711\"", "for=a,", ";", "for=a; proto=https",
+                           "for=\"_hidden\", for=\"a\\\"b\"", "for=unknown;;by=x"}) {
+    EXPECT_TRUE(forwarded_well_formed(good)) << good;
+    EXPECT_EQ(forwarded(std::string("Forwarded: ") + good + "\r\n", true), Values{std::string(good) + ", for=10.9.9.9"})
+        << good;
+  }
+  EXPECT_FALSE(forwarded_well_formed(""));
+  EXPECT_FALSE(forwarded_well_formed("for=\"x\x7f\""));
+  EXPECT_FALSE(forwarded_well_formed("for=\"\x01\""));
 }
 
 // What a front proxy saw (X-Forwarded-Proto/Host/Port/Prefix, a CDN's client field) goes up only from a
