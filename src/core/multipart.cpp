@@ -1,10 +1,19 @@
 #include "core/multipart.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "core/text.hpp"
 
 namespace weir::core {
 
 namespace {
+
+// RFC 9110 §5.6.2 tchar.
+bool tchar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
 
 // Splits "a; b=c; d" at the next ';' outside a quoted string; returns the
 // text before it and leaves `rest` after it.
@@ -83,9 +92,24 @@ struct PyParam {
 // More parameters than this in one header is refused: no form needs them, and each is a copy of its text.
 constexpr std::size_t kMaxParams = 32;
 
-// The parameters after the first (the disposition type, returned in `type`), in `out`. False when the
-// header has more than kMaxParams. One pass: linear in the header's length.
-bool python_params(std::string_view header, std::string_view& type, std::vector<PyParam>& out) {
+// str.strip(" \t"), as python-multipart 0.0.30 and later strip a parameter.
+std::string_view strip_sp_tab(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// How python-multipart reads a header's parameters: before 0.0.30 through Python's email package (whitespace
+// str.strip()s, email.utils.unquote: <...> loses its brackets, RFC 2231 name* joined into name); since 0.0.30
+// (its PR #291) with its own copy of _parseparam (" \t" stripped, only quotes removed, any key with a '*'
+// ignored).
+enum class PyReading : std::uint8_t { email, since_0_30 };
+
+// The parameters after the first (the disposition type, returned in `type`), in `out`, as `reading` has
+// them. False when the header has more than kMaxParams. One pass: linear in the header's length.
+bool python_params(std::string_view header, std::string_view& type, std::vector<PyParam>& out,
+                   PyReading reading = PyReading::email) {
+  const auto strip = [&](std::string_view v) { return reading == PyReading::email ? py_strip(v) : strip_sp_tab(v); };
   out.clear();
   std::string_view s = header;
   bool first = true;
@@ -105,18 +129,28 @@ bool python_params(std::string_view header, std::string_view& type, std::vector<
     while (end != std::string_view::npos && end > 0 && odd(end)) end = s.find(';', end + 1);
     const std::string_view f = end == std::string_view::npos ? s : s.substr(0, end);
     if (first) {
-      type = py_strip(f);
+      type = strip(f);
       first = false;
     } else if (out.size() == kMaxParams) {
       return false;
     } else if (const auto eq = f.find('='); eq != std::string_view::npos) {
-      std::string key(py_strip(f.substr(0, eq)));
+      std::string key(strip(f.substr(0, eq)));
       for (auto& c : key)
         if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-      // decode_params unquotes, quotes and get_params unquotes again.
-      out.push_back({std::move(key), py_unquote("\"" + py_quote(py_unquote(py_strip(f.substr(eq + 1)))) + "\"")});
+      const std::string_view v = strip(f.substr(eq + 1));
+      if (reading == PyReading::email) {
+        // decode_params unquotes, quotes and get_params unquotes again.
+        out.push_back({std::move(key), py_unquote("\"" + py_quote(py_unquote(v)) + "\"")});
+      } else if (key.find('*') == std::string::npos) {
+        // Quotes only: "..." loses them, then \\ → \, then \" → ".
+        out.push_back(
+            {std::move(key),
+             v.size() >= 2 && v.front() == '"' && v.back() == '"'
+                 ? replace_all(replace_all(std::string(v.substr(1, v.size() - 2)), "\\\\", "\\"), "\\\"", "\"")
+                 : std::string(v)});
+      }
     } else {
-      out.push_back({std::string(py_strip(f)), std::string()});  // a bare attribute: its name, no value
+      out.push_back({std::string(strip(f)), std::string()});  // a bare attribute: its name, no value
     }
     if (end == std::string_view::npos) break;
     s.remove_prefix(end + 1);
@@ -169,36 +203,39 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
   // parts' names and values by the `charset` parameter. A header it reads
   // another boundary from, or a charset that is not UTF-8 (or ASCII, its
   // subset), would give it a form Weir never read: refused.
+  // Both readings of python-multipart (PyReading: before 0.0.30 and since) must find that one boundary.
   std::string_view type;
-  int py_count = 0;
-  bool same = true;
-  std::string_view charset;
   std::vector<PyParam> params;
-  if (!python_params(content_type, type, params))
-    return tl::unexpected("The multipart/form-data Content-Type has more than " + std::to_string(kMaxParams) +
-                          " parameters.");
-  for (const auto& p : params) {
-    if (p.key == "boundary") {
-      ++py_count;
-      same = p.value == found;
-    } else if (p.key == "charset") {
-      charset = p.value;
-    } else if (p.key.starts_with("boundary*") || p.key.starts_with("charset*")) {
-      // RFC 2231's boundary*, boundary*0, charset*...: Python's decode_params
-      // joins them into `boundary` / `charset` (the last wins there), a value
-      // Weir's reading never sees.
-      return tl::unexpected(
-          std::string("The multipart/form-data Content-Type's boundary and charset must be plain parameters "
-                      "(no RFC 2231 boundary* or charset*)."));
+  for (const PyReading reading : {PyReading::email, PyReading::since_0_30}) {
+    int py_count = 0;
+    bool same = true;
+    std::string_view charset;
+    if (!python_params(content_type, type, params, reading))
+      return tl::unexpected("The multipart/form-data Content-Type has more than " + std::to_string(kMaxParams) +
+                            " parameters.");
+    for (const auto& p : params) {
+      if (p.key == "boundary") {
+        ++py_count;
+        same = p.value == found;
+      } else if (p.key == "charset") {
+        charset = p.value;
+      } else if (p.key.starts_with("boundary*") || p.key.starts_with("charset*")) {
+        // RFC 2231's boundary*, boundary*0, charset*...: Python's decode_params
+        // joins them into `boundary` / `charset` (the last wins there), a value
+        // Weir's reading never sees.
+        return tl::unexpected(
+            std::string("The multipart/form-data Content-Type's boundary and charset must be plain parameters "
+                        "(no RFC 2231 boundary* or charset*)."));
+      }
     }
+    if (py_count != 1 || !same)
+      return tl::unexpected(
+          std::string("The multipart/form-data Content-Type's parameters are ambiguous (quotes or "
+                      "escapes that parsers split differently)."));
+    if (!charset.empty() && !iequals(charset, "utf-8") && !iequals(charset, "utf8") && !iequals(charset, "us-ascii") &&
+        !iequals(charset, "ascii"))
+      return tl::unexpected(std::string("The multipart/form-data charset must be UTF-8."));
   }
-  if (py_count != 1 || !same)
-    return tl::unexpected(
-        std::string("The multipart/form-data Content-Type's parameters are ambiguous (quotes or "
-                    "escapes that parsers split differently)."));
-  if (!charset.empty() && !iequals(charset, "utf-8") && !iequals(charset, "utf8") && !iequals(charset, "us-ascii") &&
-      !iequals(charset, "ascii"))
-    return tl::unexpected(std::string("The multipart/form-data charset must be UTF-8."));
   return found;
 }
 
@@ -244,7 +281,12 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
       const auto colon = line.find(':');
       if (colon == std::string_view::npos)
         return tl::unexpected(std::string("A multipart part has a header line without a colon."));
-      const auto name = trim_ows(line.substr(0, colon));
+      // A header name is a token (RFC 9110 §5.6.2): python-multipart since 0.0.30 refuses a body with any
+      // other byte there (a space before the colon), earlier versions read the line: refused.
+      const auto name = line.substr(0, colon);
+      if (name.empty() || !std::all_of(name.begin(), name.end(), tchar))
+        return tl::unexpected(
+            std::string("A multipart part's header name must be a token (RFC 9110 5.6.2: no space before the colon)."));
       auto value = trim_ows(line.substr(colon + 1));
       if (iequals(name, "content-type")) {
         part.content_type = value;
@@ -278,6 +320,21 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
             part.has_filename = true;
           }
         }
+        // The name as python-multipart 0.0.30 and later read it: another one (a name in <...>, which only the
+        // older versions unwrap; whitespace other than space and tab around it) is a field Weir cannot know
+        // the upstream's reading of: refused.
+        (void)python_params(value, type, params, PyReading::since_0_30);
+        int names = 0;
+        std::string_view newer;
+        for (const auto& p : params)
+          if (p.key == "name") {
+            ++names;
+            newer = p.value;
+          }
+        if (names > 1 || (names == 1) != named || (named && newer != part.name))
+          return tl::unexpected(std::string(
+              "A multipart part's name reads differently in python-multipart before 0.0.30 and since (a name "
+              "in <...>, or whitespace other than spaces and tabs around a parameter): write it name=\"...\"."));
       }
     }
     if (!disposition)

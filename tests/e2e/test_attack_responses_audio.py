@@ -338,7 +338,8 @@ def test_audio_rfc2231_model_field_is_not_smuggled(stack):
     (b'Content-Disposition: form-data; name*0="mo"; name*1="del"', "name*"),
     (b'Content-Disposition: form-data; a=\\"; name="model"', "more than once"),
     (b'Content-Disposition: form-data; name="note"; a=\\"; name="model"', "more than one name"),
-    (b'Content-Disposition: form-data; name=<model>', "more than once"),
+    # (Since stop 59 refused for itself: python-multipart 0.0.30 and later read `<model>`, older ones `model`.)
+    (b'Content-Disposition: form-data; name=<model>', "reads differently"),
 ])
 def test_audio_a_model_part_only_the_upstream_would_see_is_refused(stack, head, why):
     _, w = stack
@@ -399,8 +400,10 @@ def test_audio_second_model_in_other_spellings_is_400(stack, variant):
     _, w = stack
     r = send(w, form([FILE, part("model", b"whisper-1"), variant + b"\r\n\r\nsecret-whisper"]))
     err = r.json()["error"]
-    # A repeated model names it; a part with two Content-Disposition headers is refused as such.
-    assert r.status_code == 400 and (err["param"] == "model" or "Content-Disposition" in err["message"]), r.text
+    # A repeated model names it; a part with two Content-Disposition headers is refused as such, one with a space
+    # before a header's colon too (python-multipart 0.0.30 and later refuse the form: stop 59).
+    assert r.status_code == 400 and (err["param"] == "model" or "Content-Disposition" in err["message"]
+                                     or "header name must be a token" in err["message"]), r.text
 
 
 @pytest.mark.parametrize("body,status", [

@@ -233,3 +233,33 @@ def test_a_hop_by_hop_forwarded_is_none_sent(weir, upstream):
                        "Forwarded: for=6.6.6.6\r\nConnection: forwarded\r\n", CHAT.encode())
     assert status == 200, body
     assert [v for n, v in upstream.last()["headers"] if n == "forwarded"] == []
+
+
+# --- I3: multipart names python-multipart's versions read differently ----------------------------------------
+
+FILE = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n'
+
+
+def audio(w, model_part: bytes) -> httpx.Response:
+    body = FILE + b"--B\r\n" + model_part + b"\r\n\r\nallowed\r\n--B--\r\n"
+    return httpx.post(w.v1 + "/audio/transcriptions", content=body, timeout=30,
+                      headers={"content-type": "multipart/form-data; boundary=B"})
+
+
+@pytest.mark.parametrize("head", [
+    b"Content-Disposition: form-data; name=<model>",
+    b'Content-Disposition : form-data; name="model"',
+    b'Content-Disposition: form-data; name="model"\xa0',
+    b"Content-Disposition: form-data; name=\"model\"; filename*=utf-8''x.txt",
+], ids=["angle_brackets", "space_before_colon", "nbsp", "filename_star"])
+def test_a_part_the_two_python_multipart_readings_differ_on_is_refused(weir, upstream, head):
+    w = weir(config={"pools": {"stt": {"endpoints": [upstream.url], "retry": {"attempts": 1}}},
+                     "models": {"allowed": {"pool": "stt", "upstream_model": "UP"}}}, workers=1)
+    r = audio(w, head)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert upstream.count() == 0
+    # The plain spelling is served.
+    ok = audio(w, b'Content-Disposition: form-data; name="model"')
+    assert ok.status_code == 200, ok.text
+    assert b'name="model"\r\n\r\nUP\r\n' in upstream.last()["body"]
