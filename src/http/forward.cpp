@@ -250,10 +250,10 @@ std::string decoded_name(std::string_view name) {
 bool query_names(std::string_view query, std::string_view name) {
   const std::string n = decoded_name(name);
   while (!query.empty()) {
-    const std::size_t amp = query.find('&');
-    const std::string_view param = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (decoded_name(param.substr(0, param.find('='))) == n) return true;
+    const std::size_t sep = query.find_first_of("&;");
+    const std::string_view param = query.substr(0, sep);
+    query = sep == std::string_view::npos ? std::string_view() : query.substr(sep + 1);
+    if (iequals(decoded_name(param.substr(0, param.find('='))), n)) return true;
   }
   return false;
 }
@@ -276,7 +276,20 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
   }
   // The endpoint's query is the operator's (an Azure api-version, a key): a
   // client parameter of the same name is dropped, not sent beside it, since
-  // servers differ on which of two values they take.
+  // servers differ on which of two values they take. Servers differ on names
+  // too (ASP.NET, which Azure's front runs, matches them in any case; some
+  // split on ';' as well as '&', as HTML 4 advised): a client parameter is
+  // dropped when any ';'-separated piece of it names an endpoint parameter in
+  // any case, so no reading of it sets one.
+  const auto overrides = [&](std::string_view param) {
+    for (;;) {
+      const std::size_t semi = param.find(';');
+      const std::string_view piece = param.substr(0, semi);
+      if (!piece.empty() && query_names(query, piece.substr(0, piece.find('=')))) return true;
+      if (semi == std::string_view::npos) return false;
+      param.remove_prefix(semi + 1);
+    }
+  };
   const std::size_t qm = target.find('?');
   out += target.substr(0, qm);
   if (out.size() == start) out += '/';
@@ -287,7 +300,7 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
       const std::size_t amp = rest.find('&');
       const std::string_view param = rest.substr(0, amp);
       rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
-      if (param.empty() || query_names(query, param.substr(0, param.find('=')))) continue;
+      if (param.empty() || overrides(param)) continue;
       out += param;
       out += '&';
     }

@@ -93,16 +93,18 @@ bool forwarded_well_formed(std::string_view value);
 // "/v1" segment. Then `query` joins the target's own query, after the
 // client's parameters it does not name (a client parameter of a name the
 // endpoint's query sets is dropped: the operator's value is the one sent;
-// empty ones go too). With base and query empty the target is appended
-// unchanged.
+// names compared as query_names does, and a client parameter with a
+// ';'-separated piece that names one is dropped whole; empty ones go too).
+// With base and query empty the target is appended unchanged.
 // Examples: base "/v1": "/v1/chat/completions" -> "/v1/chat/completions",
 // "/tokenize" -> "/tokenize"; base "/openai/deployments/gpt4o", query
 // "api-version=2024-10-21": "/v1/chat/completions" ->
 // "/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21";
 // base "/proxy/vllm/v1": "/metrics" -> "/proxy/vllm/metrics".
 void append_upstream_target(std::string& out, std::string_view target, std::string_view base, std::string_view query);
-// Whether query string `query` ("a=1&b=2") has a parameter named `name`,
-// both compared percent-decoded, '+' a space (as a server reads them).
+// Whether query string `query` ("a=1&b=2", ';' a separator too) has a
+// parameter named `name`, both compared percent-decoded, '+' a space, ASCII
+// letters in any case (as some server reads them).
 bool query_names(std::string_view query, std::string_view name);
 
 // Appends the HTTP/1.1 request head for the upstream: request line, Host,

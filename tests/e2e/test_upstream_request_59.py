@@ -263,3 +263,21 @@ def test_a_part_the_two_python_multipart_readings_differ_on_is_refused(weir, ups
     ok = audio(w, b'Content-Disposition: form-data; name="model"')
     assert ok.status_code == 200, ok.text
     assert b'name="model"\r\n\r\nUP\r\n' in upstream.last()["body"]
+
+
+# --- I4: the endpoint's query parameters --------------------------------------------------------------------
+
+@pytest.mark.parametrize("query", ["API-VERSION=evil", "Api-Version=evil&x=1", "x=1;api-version=evil",
+                                   "x=1;API%2Dversion=evil", "api-version=evil"])
+def test_a_client_query_parameter_never_overrides_the_endpoints(weir, upstream, query):
+    w = weir(config={
+        "pools": {"az": {"endpoints": [upstream.url + "/openai/deployments/gpt?api-version=2024-10-21"],
+                         "retry": {"attempts": 1}}},
+        "models": {"k": {"pool": "az"}}}, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions?" + query, content=b'{"model":"k","messages":%s}' % MSG.encode(),
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200, r.text
+    line = upstream.last()["line"]
+    assert line.startswith("POST /openai/deployments/gpt/chat/completions?"), line
+    assert "evil" not in line, line
+    assert line.endswith("api-version=2024-10-21 HTTP/1.1"), line

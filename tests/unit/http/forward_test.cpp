@@ -788,6 +788,19 @@ TEST(HttpForward, UpstreamTargetOnABasePath) {
   EXPECT_EQ(target("/v1/chat/completions?%61pi-version=evil", "/d", "api-version=1"),
             "/d/chat/completions?api-version=1");
   EXPECT_EQ(target("/v1/chat/completions?", "/d", "api-version=1"), "/d/chat/completions?api-version=1");
+  // Names in any case (ASP.NET reads them so), and ';' a separator too (some servers split there): a client
+  // parameter any reading of which sets the endpoint's is dropped whole.
+  EXPECT_EQ(target("/v1/chat/completions?API-VERSION=evil&x=1", "/d", "api-version=1"),
+            "/d/chat/completions?x=1&api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?Api-Version=evil", "/d", "api-version=1"),
+            "/d/chat/completions?api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?x=1;api-version=evil&y=2", "/d", "api-version=1"),
+            "/d/chat/completions?y=2&api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?x=1;API%2Dversion=evil", "/d", "api-version=1"),
+            "/d/chat/completions?api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?x=1;y=2", "/d", "api-version=1"), "/d/chat/completions?x=1;y=2&api-version=1");
+  EXPECT_TRUE(query_names("a=1;api-version=2", "API-Version"));
+  EXPECT_FALSE(query_names("a=1;api-versions=2", "api-version"));
   EXPECT_EQ(target("/v1/chat/completions?&&y", "/d", "api-version=1"), "/d/chat/completions?y&api-version=1");
 }
 
