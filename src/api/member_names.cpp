@@ -31,38 +31,20 @@ bool go_fold_equals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-// The names the request checks read (api/request.cpp's FieldsHandler, and the batching key's), as a fold
-// may reach them.
+// The names the request checks read (read_member_index's: api/request.cpp's FieldsHandler, the splices,
+// the batching and coalescing keys, resume's checks), as a fold may reach them.
 std::string_view folds_to_read_member(std::string_view key, bool top) {
-  static constexpr std::array<std::string_view, 22> kTop = {"model",
-                                                            "stream",
-                                                            "stream_options",
-                                                            "max_tokens",
-                                                            "max_completion_tokens",
-                                                            "n",
-                                                            "best_of",
-                                                            "messages",
-                                                            "prompt",
-                                                            "input",
-                                                            "tools",
-                                                            "functions",
-                                                            "documents",
-                                                            "echo",
-                                                            "logprobs",
-                                                            "top_logprobs",
-                                                            "suffix",
-                                                            "user",
-                                                            "request_id",
-                                                            "chat_template",
-                                                            "prompt_logprobs",
-                                                            "chat_template_kwargs"};
   static constexpr std::array<std::string_view, 2> kStreamOptions = {"include_usage", "continuous_usage_stats"};
-  const auto any = [&](const auto& names) {
-    for (const std::string_view n : names)
-      if (key != n && go_fold_equals(key, n)) return n;  // (an exact name is no other's: "user", "echo")
-    return std::string_view();
-  };
-  return top ? any(kTop) : any(kStreamOptions);
+  // (An exact name is no other's: "user", "echo".) At the top level: every member Weir reads
+  // (read_member_index's), as a repeat of one is refused.
+  if (top) {
+    for (int i = 0; i < kReadMemberCount; ++i)
+      if (const std::string_view n = read_member_name(i); key != n && go_fold_equals(key, n)) return n;
+    return {};
+  }
+  for (const std::string_view n : kStreamOptions)
+    if (key != n && go_fold_equals(key, n)) return n;
+  return {};
 }
 
 }  // namespace weir::api

@@ -341,9 +341,9 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   }
   const bool own_trace = !o.traceparent.empty();
   const bool add_for = !o.client_address.empty();
-  bool client_for = false;               // the client sent X-Forwarded-For (joined below, before its address)
-  bool client_forwarded = false;         // and Forwarded (Weir's element is added to it)
-  bool forwarded_kept = o.trusted_peer;  // the client's Forwarded elements go up (a front proxy's, all well-formed)
+  bool client_for = false;        // the client sent X-Forwarded-For (joined below, before its address)
+  bool client_forwarded = false;  // and Forwarded (Weir's element is added to it)
+  bool forwarded_kept = false;    // a line of the client's Forwarded goes up (a front proxy's, well-formed)
   const ConnectionListed listed(req);
   copy_end_to_end(out, req, listed, [&](const auto& f) {
     if (is_forwarded(f)) {
@@ -351,7 +351,7 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
       // of several clients sends none.)
       if (!o.shared && !core::trim_ows(f.value()).empty() && !hop_by_hop_in(listed, f)) {
         client_forwarded = true;
-        forwarded_kept = forwarded_kept && forwarded_well_formed(f.value());
+        forwarded_kept = forwarded_kept || (o.trusted_peer && forwarded_well_formed(f.value()));
       }
       return true;
     }
@@ -395,15 +395,18 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   }
   if (client_forwarded && (add_for || forwarded_kept)) {
     // RFC 7239 §4: a proxy appends its element; the upstream trusts only the ones its own peer (Weir) wrote.
-    // The client's elements go before it only from a front proxy of server.trusted_proxies, and only when
-    // every line parses (§4): a client's host=, proto= or by= would otherwise reach the upstream as the
-    // front's word (as X-Forwarded-Host and -Proto would: is_front_view_field), and an unclosed quote would
-    // swallow Weir's element. Otherwise Weir's element goes alone.
+    // The client's elements go before it only from a front proxy of server.trusted_proxies, and only the
+    // lines that parse (§4), each judged on its own: a client's host=, proto= or by= would otherwise reach the
+    // upstream as the front's word (as X-Forwarded-Host and -Proto would: is_front_view_field), and an
+    // unclosed quote would swallow the elements after it, Weir's too; a malformed line a client sent before
+    // the front's does not take the front's away. Otherwise Weir's element goes alone.
     out += "Forwarded: ";
     bool first = true;
     for (const auto& f : req) {
       if (!forwarded_kept) break;
-      if (!is_forwarded(f) || core::trim_ows(f.value()).empty() || hop_by_hop_in(listed, f)) continue;
+      if (!is_forwarded(f) || core::trim_ows(f.value()).empty() || hop_by_hop_in(listed, f) ||
+          !forwarded_well_formed(f.value()))
+        continue;
       if (!first) out += ", ";
       out += core::trim_ows(f.value());
       first = false;

@@ -71,7 +71,7 @@ def test_the_refused_body_never_reaches_the_upstream_and_a_plain_one_does(stack)
     assert line["status"] == 400 and line.get("pool") in (None, ""), line
     # Names Weir reads exactly, names of no field, and the same letters deeper in the body are the client's.
     ok = post(w, "/v1/chat/completions",
-              '{"model":"good","user":"u","Temperature":1,"metadata":{"MODEL":"x"},'
+              '{"model":"good","user":"u","Top_P":1,"metadata":{"MODEL":"x"},'
               '"messages":[{"role":"user","content":"hi","Model":"x"}]}')
     assert ok.status_code == 200, ok.text
     assert m.metric("vllm:e2e_request_latency_seconds_count") == before + 1  # the refused one never went

@@ -214,13 +214,17 @@ def test_an_untrusted_clients_forwarded_is_replaced_by_weirs_element(weir, upstr
 
 
 # DEFECT: an unclosed quote (from any peer) swallowed Weir's `for=` element into the client's quoted string.
-# Now a Forwarded that does not parse (RFC 7239 §4) is dropped, even from a trusted proxy; a well-formed one
-# from a trusted proxy goes before Weir's element.
+# Now a Forwarded line that does not parse (RFC 7239 §4) is dropped, even from a trusted proxy; a well-formed
+# one from a trusted proxy goes before Weir's element, each line judged on its own: a malformed line a client
+# sent before the front's own (haproxy's `add-header Forwarded`) does not take the front's away.
 @pytest.mark.parametrize("value", ['for="6.6.6.6', 'for=6.6.6.6;host="x', 'for=6.6.6.6;x="\\', "for"])
 def test_a_malformed_forwarded_never_swallows_weirs_element(weir, upstream, value):
     w = forwarded_gateway(weir, upstream, trusted=["127.0.0.1"])
     assert sent_forwarded(w, upstream, f"Forwarded: {value}\r\n") == ["for=127.0.0.1"]
-    assert sent_forwarded(w, upstream, f"Forwarded: for=5.5.5.5\r\nForwarded: {value}\r\n") == ["for=127.0.0.1"]
+    assert sent_forwarded(w, upstream, f"Forwarded: {value}\r\nForwarded: for=5.5.5.5;proto=https\r\n") == [
+        "for=5.5.5.5;proto=https, for=127.0.0.1"]
+    assert sent_forwarded(w, upstream, f"Forwarded: for=5.5.5.5\r\nForwarded: {value}\r\n") == [
+        "for=5.5.5.5, for=127.0.0.1"]
     assert sent_forwarded(w, upstream, "Forwarded: for=5.5.5.5;proto=https\r\n") == [
         "for=5.5.5.5;proto=https, for=127.0.0.1"]
 

@@ -86,6 +86,14 @@ TEST(ApiParseRequest, NamesThatFoldToAReadNameAreRefused) {
            R"({"model":"m","stream":true,"stream_options":{"Include_Usage":false}})",
            R"({"model":"m","N":3})",
            R"({"model":"m","Messages":[]})",
+           // Every member Weir reads (a repeat of which is refused: read_member_index), not only routing's:
+           // the reservation's min_tokens, the coalescing key's temperature and seed, resume's checks.
+           R"({"model":"m","MIN_TOKENS":900})",
+           R"({"model":"m","Temperature":1})",
+           R"({"model":"m","SEED":1})",
+           R"({"model":"m","Response_Format":{"type":"json_object"}})",
+           R"({"model":"m","Continue_Final_Message":true})",
+           R"({"model":"m","Guided_Json":{}})",
        }) {
     const auto e = refused(kChat, body);
     EXPECT_NE(e.message.find("case-sensitive"), std::string::npos) << body << ": " << e.message;
@@ -93,7 +101,7 @@ TEST(ApiParseRequest, NamesThatFoldToAReadNameAreRefused) {
   EXPECT_EQ(refused(kChat, R"({"model":"good","Model":"bad"})").param, "Model");
   EXPECT_NE(refused(kChat, R"({"model":"good","Model":"bad"})").message.find("'model'"), std::string::npos);
   // Names read exactly, names of no field, and the same letters deeper in the body are the client's.
-  ok(kChat, R"({"model":"m","user":"u","echo":false,"Temperature":1,"models":"x","model_":"y"})");
+  ok(kChat, R"({"model":"m","user":"u","echo":false,"Top_P":1,"models":"x","model_":"y"})");
   ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi","Model":"x"}],"metadata":{"MODEL":1}})");
   ok(kCompletions, R"({"model":"m","prompt":"p","echo":true,"logprobs":1})");
   ok(kChat, R"({"\u006dodel":"m"})");  // an escaped exact name is that name (and given twice, a repeat of it)

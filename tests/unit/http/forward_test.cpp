@@ -282,8 +282,12 @@ TEST(HttpForward, ForwardedNeedsATrustedPeerAndAWellFormedValue) {
     for (const char* bad : {"for=\"6.6.6.6", "for=6.6.6.6;host=\"x", "for=6.6.6.6;x=\"\\", "for", "for=a b",
                             "for=6.6.6.6 x", "for=\"a\"b", "=x", "for=", ",", "for=a,,\"b"})
       EXPECT_EQ(forwarded(std::string("Forwarded: ") + bad + "\r\n", trusted), Values{"for=10.9.9.9"}) << bad;
-    // One bad line of two: neither goes.
-    EXPECT_EQ(forwarded("Forwarded: for=6.6.6.6\r\nForwarded: for=\"7.7.7.7\r\n", trusted), Values{"for=10.9.9.9"});
+    // One bad line of two: only the good one goes (each line judged on its own: a client's malformed line
+    // before a front proxy's own does not take the front's away), and only from a trusted peer.
+    EXPECT_EQ(forwarded("Forwarded: for=6.6.6.6\r\nForwarded: for=\"7.7.7.7\r\n", trusted),
+              trusted ? Values{"for=6.6.6.6, for=10.9.9.9"} : Values{"for=10.9.9.9"});
+    EXPECT_EQ(forwarded("Forwarded: for=\"7.7.7.7\r\nForwarded: for=6.6.6.6;proto=https\r\n", trusted),
+              trusted ? Values{"for=6.6.6.6;proto=https, for=10.9.9.9"} : Values{"for=10.9.9.9"});
     // Named in Connection, or empty: no Forwarded sent, none added (README).
     EXPECT_EQ(forwarded("Connection: forwarded\r\nForwarded: for=6.6.6.6\r\n", trusted), Values{});
     EXPECT_EQ(forwarded("Forwarded: \r\n", trusted), Values{});
