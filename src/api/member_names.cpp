@@ -4,6 +4,10 @@
 #include <array>
 #include <cstdint>
 
+#include <fmt/format.h>
+
+#include "core/json_text.hpp"
+
 namespace weir::api {
 
 namespace {
@@ -194,6 +198,67 @@ int read_stream_option_index(std::string_view key) {
 
 std::string_view read_stream_option_param(int index) {
   return index == 0 ? "stream_options.include_usage" : "stream_options.continuous_usage_stats";
+}
+
+namespace {
+
+// `name` as a string of static storage (core::Error::param is a view): a read_member_index name, one of
+// stream_options', or a top-level member of an Anthropic Messages or OpenAI Responses request; else empty
+// (any other name is the client's text, named in the message only).
+std::string_view static_member_name(std::string_view name) {
+  if (const int i = read_member_index(name); i >= 0) return read_member_name(i);
+  for (int i = 0; i < 2; ++i)
+    if (name == read_stream_option_param(i)) return read_stream_option_param(i);
+  static constexpr std::array<std::string_view, 36> kTranslated = {"system",
+                                                                   "metadata",
+                                                                   "stop_sequences",
+                                                                   "top_k",
+                                                                   "top_p",
+                                                                   "tool_choice",
+                                                                   "thinking",
+                                                                   "service_tier",
+                                                                   "container",
+                                                                   "mcp_servers",
+                                                                   "output_config",
+                                                                   "output_format",
+                                                                   "context_management",
+                                                                   "instructions",
+                                                                   "max_output_tokens",
+                                                                   "max_tool_calls",
+                                                                   "parallel_tool_calls",
+                                                                   "previous_response_id",
+                                                                   "reasoning",
+                                                                   "store",
+                                                                   "text",
+                                                                   "truncation",
+                                                                   "include",
+                                                                   "background",
+                                                                   "conversation",
+                                                                   "prompt_cache_key",
+                                                                   "safety_identifier",
+                                                                   "stop",
+                                                                   "frequency_penalty",
+                                                                   "presence_penalty",
+                                                                   "logit_bias",
+                                                                   "modalities",
+                                                                   "audio",
+                                                                   "prediction",
+                                                                   "web_search_options",
+                                                                   "verbosity"};
+  for (const std::string_view n : kTranslated)
+    if (n == name) return n;
+  return {};
+}
+
+}  // namespace
+
+core::Error repeated_member_error(std::string_view name) {
+  return core::bad_request(
+      fmt::format("'{}' appears more than once in the request body: JSON parsers differ on which copy of a repeated "
+                  "member counts (the first, the last, or neither: a refusal), so Weir cannot know which one the "
+                  "upstream would act on. Send it once.",
+                  core::utf8_prefix(name, core::kMaxEchoBytes)),
+      static_member_name(name));
 }
 
 }  // namespace weir::api

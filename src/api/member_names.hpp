@@ -1,8 +1,10 @@
-// Request member names as upstream parsers other than OpenAI's and vLLM's
-// read them.
+// Request member names: the ones Weir reads, their repeats (refused), and
+// names upstream parsers other than OpenAI's and vLLM's would read as them.
 #pragma once
 
 #include <string_view>
+
+#include "core/error.hpp"
 
 namespace weir::api {
 
@@ -36,5 +38,13 @@ std::string_view read_member_name(int index);
 // error's `param`: "stream_options.include_usage", "stream_options.continuous_usage_stats".
 int read_stream_option_index(std::string_view key);
 std::string_view read_stream_option_param(int index);
+
+// The 400 (invalid_request_error, `param` = `name`) for a body that gives a member Weir reads more than once
+// (`name`: the member, or "stream_options.include_usage"): JSON parsers differ on which copy counts (Python's
+// json and Boost.JSON the last, gjson and simdjson the first, serde and TGI refuse the body), so Weir, which
+// routes, authorizes and reserves by one copy, cannot know which one the upstream acts on. The message names
+// `name` (its first 256 bytes); `param` is it when it is a name Weir knows (a read_member_index one, one of
+// stream_options', a top-level member of the Messages or Responses API), else null: the error holds no copy.
+core::Error repeated_member_error(std::string_view name);
 
 }  // namespace weir::api

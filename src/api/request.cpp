@@ -18,7 +18,6 @@
 #include "api/lax_int.hpp"
 #include "api/member_names.hpp"
 #include "core/json_text.hpp"
-#include "core/multipart.hpp"
 #include "core/text.hpp"
 
 namespace weir::api {
@@ -755,67 +754,6 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   return f;
 }
 
-namespace {
-
-// `name` as a string of static storage (core::Error::param is a view): a read_member_index name, one of
-// stream_options', or a top-level member of an Anthropic Messages or OpenAI Responses request; else empty
-// (any other name is the client's text, named in the message only).
-std::string_view static_member_name(std::string_view name) {
-  if (const int i = read_member_index(name); i >= 0) return read_member_name(i);
-  for (int i = 0; i < 2; ++i)
-    if (name == read_stream_option_param(i)) return read_stream_option_param(i);
-  static constexpr std::array<std::string_view, 36> kTranslated = {"system",
-                                                                   "metadata",
-                                                                   "stop_sequences",
-                                                                   "top_k",
-                                                                   "top_p",
-                                                                   "tool_choice",
-                                                                   "thinking",
-                                                                   "service_tier",
-                                                                   "container",
-                                                                   "mcp_servers",
-                                                                   "output_config",
-                                                                   "output_format",
-                                                                   "context_management",
-                                                                   "instructions",
-                                                                   "max_output_tokens",
-                                                                   "max_tool_calls",
-                                                                   "parallel_tool_calls",
-                                                                   "previous_response_id",
-                                                                   "reasoning",
-                                                                   "store",
-                                                                   "text",
-                                                                   "truncation",
-                                                                   "include",
-                                                                   "background",
-                                                                   "conversation",
-                                                                   "prompt_cache_key",
-                                                                   "safety_identifier",
-                                                                   "stop",
-                                                                   "frequency_penalty",
-                                                                   "presence_penalty",
-                                                                   "logit_bias",
-                                                                   "modalities",
-                                                                   "audio",
-                                                                   "prediction",
-                                                                   "web_search_options",
-                                                                   "verbosity"};
-  for (const std::string_view n : kTranslated)
-    if (n == name) return n;
-  return {};
-}
-
-}  // namespace
-
-core::Error repeated_member_error(std::string_view name) {
-  return core::bad_request(
-      fmt::format("'{}' appears more than once in the request body: JSON parsers differ on which copy of a repeated "
-                  "member counts (the first, the last, or neither: a refusal), so Weir cannot know which one the "
-                  "upstream would act on. Send it once.",
-                  core::utf8_prefix(name, core::kMaxEchoBytes)),
-      static_member_name(name));
-}
-
 bool numbers_finite(const json::value& v) {
   // Iterative: a DOM is at most parse_options::max_depth deep, but no recursion is needed.
   std::vector<const json::value*> pending{&v};
@@ -839,46 +777,6 @@ std::optional<bool> form_bool(std::string_view v) {
   for (std::string_view f : {"false", "0", "no", "off", "f", "n"})
     if (core::iequals(v, f)) return false;
   return std::nullopt;
-}
-
-tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body) {
-  auto boundary = core::form_boundary(content_type);
-  if (!boundary) return tl::unexpected(core::bad_request(std::move(boundary.error())));
-  auto parts = core::parse_form(body, *boundary);
-  if (!parts) return tl::unexpected(core::bad_request(std::move(parts.error())));
-  // The upstream's form parser (Starlette) keeps the last of repeated
-  // fields, Weir reads the first: a repeated field Weir acts on would route
-  // and authorize one model and run another, so it is refused.
-  // (`prompt` too: its bytes are the token estimate the limits admit.)
-  for (std::string_view name : {"model", "stream", "stream_include_usage", "stream_continuous_usage_stats", "prompt"}) {
-    int n = 0;
-    for (const auto& p : *parts) n += p.name == name;
-    if (n > 1)
-      return tl::unexpected(core::bad_request(fmt::format("'{}' is given more than once in the form.", name), name));
-  }
-  RequestFields f;
-  const auto* file = core::find_part(*parts, "file");
-  if (!file || !file->has_filename)
-    return tl::unexpected(core::bad_request("you must provide the audio as a 'file' part with a filename", "file"));
-  // An empty model field is vLLM's served model, as in a JSON body: the default pool's.
-  if (const auto* m = core::find_part(*parts, "model")) {
-    // A file part named model: Starlette hands vLLM an upload, not the name Weir would route by.
-    if (m->has_filename)
-      return tl::unexpected(core::bad_request("'model' must be a text field of the form, not a file.", "model"));
-    f.model.assign(m->value);
-  }
-  for (const auto& [name, out] :
-       {std::pair{"stream", &f.stream}, std::pair{"stream_include_usage", &f.include_usage}}) {
-    const auto* p = core::find_part(*parts, name);
-    if (!p) continue;
-    const auto b = form_bool(p->value);
-    if (!b) return tl::unexpected(core::bad_request(fmt::format("'{}' must be a boolean.", name), name));
-    *out = *b;
-  }
-  f.has_stream_options = f.include_usage;
-  f.usage_asked = f.include_usage;  // (vLLM's form field defaults to false)
-  if (const auto* p = core::find_part(*parts, "prompt")) f.prompt_bytes = p->value.size();
-  return f;
 }
 
 }  // namespace weir::api

@@ -93,14 +93,6 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
 // `model`, `stream` or `stream_include_usage` given twice.
 tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body);
 
-// The 400 (invalid_request_error, `param` = `name`) for a body that gives a member Weir reads more than once
-// (`name`: the member, or "stream_options.include_usage"): JSON parsers differ on which copy counts (Python's
-// json and Boost.JSON the last, gjson and simdjson the first, serde and TGI refuse the body), so Weir, which
-// routes, authorizes and reserves by one copy, cannot know which one the upstream acts on. The message names
-// `name` (its first 256 bytes); `param` is it when it is a name Weir knows (a read_member_index one, one of
-// stream_options', a top-level member of the Messages or Responses API), else null: the error holds no copy.
-core::Error repeated_member_error(std::string_view name);
-
 // True when every number in `v` (nested to any depth) is finite. A
 // translated body is rebuilt from Boost.JSON's DOM, where a literal such as
 // 1e400 became ±infinity: serialized again it would be `Infinity`, which is

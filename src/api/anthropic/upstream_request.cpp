@@ -13,6 +13,7 @@
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
+#include "api/member_names.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
 #include "api/wide_integers.hpp"

@@ -15,6 +15,7 @@
 
 #include "api/error_text.hpp"
 #include "api/json_scan.hpp"
+#include "api/member_names.hpp"
 #include "api/request.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
