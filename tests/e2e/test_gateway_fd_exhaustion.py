@@ -91,7 +91,10 @@ def test_probes_and_scrapes_weir_cannot_make_are_no_verdict_on_the_endpoint(mock
     m, w, admin_port = gateway(mock, weir, health={"interval": "50ms", "timeout": "200ms", "unhealthy_after": 2},
                                load_metrics={"interval": "50ms", "timeout": "50ms"})
     client, admin = Kept(w.port), Kept(admin_port, TOKEN)
+    # One answer on each kept connection before the shortage: Weir has accepted both (a connection still in the
+    # admin listener's queue could not be accepted under the shortage, and its GET would wait: CI failed stop 59).
     assert client.get("/ready").status == 200
+    assert admin.get("/ready").status == 200
     wait_until(lambda: client.metric("weir_load_scraped", pool="p") == 1, 10, message="a first scrape")
     with NoDescriptors(w.process.pid):
         # Many probe and scrape intervals pass (or the endpoint is marked down: the old fault).
