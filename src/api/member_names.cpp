@@ -202,9 +202,9 @@ std::string_view read_stream_option_param(int index) {
 
 namespace {
 
-// `name` as a string of static storage (core::Error::param is a view): a read_member_index name, one of
-// stream_options', or a top-level member of an Anthropic Messages or OpenAI Responses request; else empty
-// (any other name is the client's text, named in the message only).
+// `name` when it is a member Weir knows: a read_member_index name, one of stream_options', or a top-level member
+// of an Anthropic Messages or OpenAI Responses request; else empty (any other name is the client's text, named
+// in the message only).
 std::string_view static_member_name(std::string_view name) {
   if (const int i = read_member_index(name); i >= 0) return read_member_name(i);
   for (int i = 0; i < 2; ++i)

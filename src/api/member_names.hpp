@@ -44,7 +44,7 @@ std::string_view read_stream_option_param(int index);
 // json and Boost.JSON the last, gjson and simdjson the first, serde and TGI refuse the body), so Weir, which
 // routes, authorizes and reserves by one copy, cannot know which one the upstream acts on. The message names
 // `name` (its first 256 bytes); `param` is it when it is a name Weir knows (a read_member_index one, one of
-// stream_options', a top-level member of the Messages or Responses API), else null: the error holds no copy.
+// stream_options', a top-level member of the Messages or Responses API), else null.
 core::Error repeated_member_error(std::string_view name);
 
 }  // namespace weir::api

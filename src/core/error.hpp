@@ -22,11 +22,13 @@ std::string_view to_string(ErrorSource s);
 // an empty `code` or `param` is rendered as JSON null.
 struct Error {
   ErrorSource source = ErrorSource::internal;
-  int status = 500;        // HTTP status code
-  std::string_view type;   // OpenAI error.type, e.g. "invalid_request_error"
-  std::string_view code;   // OpenAI error.code, e.g. "model_not_found"; empty = null
-  std::string message;     // human readable, safe to show the client
-  std::string_view param;  // offending request field, e.g. "model"; empty = null
+  int status = 500;       // HTTP status code
+  std::string_view type;  // OpenAI error.type, e.g. "invalid_request_error"
+  std::string_view code;  // OpenAI error.code, e.g. "model_not_found"; empty = null
+  std::string message;    // human readable, safe to show the client
+  // Offending request field, e.g. "model", "MAX_TOKENS" (a copy: it may name a member of the request, which the
+  // error outlives); empty = null.
+  std::string param;
   // Extra response header for 429/503 (seconds); 0 = none.
   std::uint32_t retry_after_s = 0;
   // The wait retry_after_s rounds up, exact (ms; sent as `retry-after-ms`, which the openai and anthropic

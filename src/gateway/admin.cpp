@@ -37,7 +37,6 @@ tl::expected<AnthropicPage, core::Error> anthropic_page(std::string_view query) 
     const std::string_view raw = eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
     std::string* cursor = key == "after_id" ? &page.after_id : key == "before_id" ? &page.before_id : nullptr;
     if (cursor == nullptr && key != "limit") continue;  // (another API's parameter: not this one's to refuse)
-    // (core::Error's param is a view: a literal, not the query's bytes.)
     const std::string_view name = cursor == &page.after_id ? "after_id" : cursor ? "before_id" : "limit";
     if ((cursor && !cursor->empty()) || (!cursor && limit_seen))
       return tl::unexpected(core::bad_request(fmt::format("{} is given more than once.", name), name));

@@ -190,7 +190,7 @@ std::string make_cursor(std::int64_t ts_us, std::int64_t id) {
 
 tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
   Query q;
-  // The parameters' names as literals: core::Error::param is a view.
+  // The parameters' names.
   static constexpr std::string_view kNames[] = {"since",      "until",  "tenant", "key_id", "model",
                                                 "request_id", "status", "limit",  "cursor"};
   bool seen[std::size(kNames)] = {};

@@ -28,7 +28,6 @@ namespace {
 
 using Fail = tl::unexpected<core::Error>;
 
-// `param` must be a literal: core::Error keeps a view of it.
 Fail invalid(std::string message, std::string_view param) { return Fail(core::bad_request(std::move(message), param)); }
 
 // The `type` member of an item, part or tool, or "".
