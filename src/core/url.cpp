@@ -35,8 +35,10 @@ constexpr std::size_t longest(auto const& names) {
   for (auto s : names) n = std::max(n, s.size());
   return n;
 }
-static_assert(kSecretParamTail / 3 > longest(kSecretNames));
-static_assert(kSecretParamTail >= 2 + 3 * (longest(kSecretSuffixes) + 1));
+// A numbered name's digits (and the '-', '_' or '.' before them) are not part of it: "apikey2".
+constexpr std::size_t kNumberDigits = 4;
+static_assert(kSecretParamTail / 3 > longest(kSecretNames) + kNumberDigits + 1);
+static_assert(kSecretParamTail >= 2 + 3 * (longest(kSecretSuffixes) + 1 + kNumberDigits + 1));
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -57,6 +59,19 @@ std::string decode(std::string_view s) {
   return out;
 }
 
+// `name` without a number at its end: up to kNumberDigits digits, and a '-', '_' or '.' before them ("apikey2",
+// "key_1", "password-01" are credentials as much as their names). A name of digits alone stays.
+std::string unnumbered(std::string name) {
+  std::size_t digits = 0;
+  while (digits < kNumberDigits && digits < name.size() && name[name.size() - 1 - digits] >= '0' &&
+         name[name.size() - 1 - digits] <= '9')
+    ++digits;
+  if (digits == 0 || digits == name.size()) return name;
+  name.resize(name.size() - digits);
+  if (const char sep = name.back(); (sep == '-' || sep == '_' || sep == '.') && name.size() > 1) name.pop_back();
+  return name;
+}
+
 // RFC 3986 §3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )
 bool is_scheme(std::string_view s) {
   if (s.empty()) return false;
@@ -72,7 +87,7 @@ bool is_scheme(std::string_view s) {
 
 bool is_secret_query_param(std::string_view name) {
   if (is_secret_param(name)) return true;
-  std::string n = decode(name);
+  std::string n = unnumbered(decode(name));
   for (char& c : n) c = lower(c);
   for (auto s : kQuerySecretNames)
     if (n == s) return true;
@@ -82,7 +97,7 @@ bool is_secret_query_param(std::string_view name) {
 bool is_secret_param(std::string_view name) {
   // Only a name's last kSecretParamTail bytes can decide (url.hpp): a longer name costs no more to look at.
   if (name.size() > kSecretParamTail) name.remove_prefix(name.size() - kSecretParamTail);
-  const std::string decoded = decode(name);  // "API%5FKEY" is "API_KEY"
+  const std::string decoded = unnumbered(decode(name));  // "API%5FKEY" is "API_KEY"
   std::string n = decoded;
   for (char& c : n) c = lower(c);
   for (auto s : kSecretNames)

@@ -33,7 +33,10 @@ std::string redact_url(std::string_view url);
 // (x-api-key, client_secret, refresh_token, X-Amz-Signature,
 // X-Amz-Security-Token, db.password, db_pwd, Proxy-Authorization,
 // aws_credentials, set-cookie) or as a camelCase word (accessToken,
-// clientSecret, privateKey, googleCredentials; not monkey or passkey).
+// clientSecret, privateKey, googleCredentials; not monkey or passkey);
+// with up to 4 digits after it, and a '-', '_' or '.' before them, too
+// (apikey2, key_1, password-01, clientSecret2). is_secret_query_param
+// takes the same numbers (code_1).
 // Only the last kSecretParamTail bytes of a longer name decide (it is too
 // long to be one of the names, and a suffix's decoded characters lie in
 // them), so the check costs O(1) whatever the name's length: the request

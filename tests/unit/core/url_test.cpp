@@ -52,47 +52,18 @@ TEST(RedactUrl, ReplacesCredentialLikeQueryValues) {
 }
 
 TEST(RedactUrl, SecretParamNames) {
-  for (const char* n : {"key",
-                        "api_key",
-                        "api-key",
-                        "apikey",
-                        "token",
-                        "access_token",
-                        "sig",
-                        "signature",
-                        "password",
-                        "secret",
-                        "passwd",
-                        "API_KEY",
-                        "Token",
-                        "x-api-key",
-                        "x_goog_api_key",
-                        "client_secret",
-                        "refresh_token",
-                        "X-Amz-Security-Token",
-                        "db.password",
-                        "subscription-key",
-                        "api%2Dkey",
-                        "accessToken",
-                        "clientSecret",
-                        "privateKey",
-                        "apiKey",
-                        "x-goog-apiKey",
-                        "Authorization",
-                        "credentials",
-                        "sessionToken",
-                        "dbPassword",
-                        "Proxy-Authorization",
-                        "proxyAuthorization",
-                        "x-authorization",
-                        "credential",
-                        "aws_credentials",
-                        "googleCredentials",
-                        "Cookie",
-                        "set-cookie"})
+  for (const char* n : {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig", "signature", "password",
+                        "secret", "passwd", "API_KEY", "Token", "x-api-key", "x_goog_api_key", "client_secret",
+                        "refresh_token", "X-Amz-Security-Token", "db.password", "subscription-key", "api%2Dkey",
+                        "accessToken", "clientSecret", "privateKey", "apiKey", "x-goog-apiKey", "Authorization",
+                        "credentials", "sessionToken", "dbPassword", "Proxy-Authorization", "proxyAuthorization",
+                        "x-authorization", "credential", "aws_credentials", "googleCredentials", "Cookie", "set-cookie",
+                        // Numbered ones (stop 60: "apikey2" was shown).
+                        "apikey2", "key_1", "password-01", "clientSecret2", "x-api-key.3", "token9999"})
     EXPECT_TRUE(is_secret_param(n)) << n;
-  for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k", "passkey",
-                        "TOKEN_ID", "maxTokens", "USERKEY"})
+  for (const char* n :
+       {"",         "model",     "monkey",  "keys", "tokenizer", "signed", "n",    "secretary", "k",        "passkey",
+        "TOKEN_ID", "maxTokens", "USERKEY", "2",    "_2",        "v2",     "gpt4", "monkey2",   "key12345", "top_k2"})
     EXPECT_FALSE(is_secret_param(n)) << n;
 }
 
@@ -102,6 +73,7 @@ TEST(RedactUrl, SecretParamNames) {
 TEST(RedactUrl, ProvidersQueryCredentials) {
   EXPECT_EQ(redact_url("http://h:9/api?code=AZ&auth=FB&pwd=PW&api_key=K&region=eu"),
             "http://h:9/api?code=REDACTED&auth=REDACTED&pwd=REDACTED&api_key=REDACTED&region=eu");
+  EXPECT_EQ(redact_url("http://h:9/api?apikey2=S&code_1=C&v=1"), "http://h:9/api?apikey2=REDACTED&code_1=REDACTED&v=1");
   for (const char* n : {"code",      "Code",      "pass",         "session",        "auth",     "pwd",
                         "db_pwd",    "dbPwd",     "passphrase",   "ssh_passphrase", "jwt",      "id_jwt",
                         "authkey",   "accesskey", "secretkey",    "privatekey",     "apitoken", "accesstoken",
