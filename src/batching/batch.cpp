@@ -157,11 +157,13 @@ bool MicroBatcher::join(BatchMember& m, const BatchMember::Request& r, bool queu
     batch = std::make_shared<Batch>(*this, m.key_, Batch::Mode::batch);
     if (queue_place) batch->hold_queue_place();
     open_.push_back(batch);
-    batch->arm(config().window);
+    // Draining: no window, but the batch closes at the loop's next turn, not now: the queue's waiters let out to
+    // join it (release_joiners, after this) go with it rather than each alone after it.
+    batch->arm(draining_ ? std::chrono::milliseconds(0) : config().window);
   }
   m.batch_ = batch;
   batch->add(m);
-  if (batch->size() >= config().max_size || draining_) batch->flush();
+  if (batch->size() >= config().max_size) batch->flush();
   return opened;
 }
 

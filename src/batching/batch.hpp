@@ -264,10 +264,11 @@ class MicroBatcher {
   // a coalesced generation in flight) rather than open one.
   bool joinable(std::string_view key, bool coalesce) const;
   // A drain: sends every open batch now, as if its window had ended, and
-  // every batch opened from now on as soon as it is (no window): members
-  // are not kept waiting for a window that may end after the drain's
-  // deadline (a body still arriving at the signal, a request let out of the
-  // pool's queue, a pipelined one join later).
+  // every batch opened from now on at the event loop's next turn (a window
+  // of 0: the queue's waiters let out to join it in the same turn still
+  // do): members are not kept waiting for a window that may end after the
+  // drain's deadline (a body still arriving at the signal, a request let
+  // out of the pool's queue, a pipelined one join later).
   void drain();
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }

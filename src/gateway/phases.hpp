@@ -144,8 +144,18 @@ class GatewayPhases final : public Phases {
   // left to take it instead). 400 for a bad x-weir-priority. A batchable
   // request passes its `batch_key` (and whether it would coalesce): it is
   // then also let out, without a place, when a batch it can join opens
-  // (next() with no ctx.queue_pool).
-  core::Task<Outcome> enter_pool(RequestContext& ctx, std::string_view batch_key = {}, bool coalesce = false);
+  // (next() with no ctx.queue_pool, `stay->let_out` set). next() with no
+  // place and no let_out: every endpoint's breaker is open, the attempts
+  // answer at once (a fallback, or 503). `stay` carries a batching request's
+  // stay across the waits proxy_batch makes: a waiter let out to a batch that
+  // closed before it joined waits again within its first wait's
+  // queue.timeout, not a new one.
+  struct QueueStay {
+    core::TimePoint since{};  // the first wait's start; {} before it
+    bool let_out = false;     // the last wait ended for a batch to join
+  };
+  core::Task<Outcome> enter_pool(RequestContext& ctx, std::string_view batch_key = {}, bool coalesce = false,
+                                 QueueStay* stay = nullptr);
   // Gives back the queue place ctx.queue_pool holds, if any, and lets the next waiter in.
   void leave_queue(RequestContext& ctx);
   // Before relaying: arms ctx.cutoff_watch at the stream's first-token

@@ -258,9 +258,15 @@ core::Task<std::optional<Outcome>> GatewayPhases::proxy_batch(RequestContext& ct
   // (full, its window over), it waits again.
   auto& pool = ctx.gen->pool(ctx.target.pool);
   auto* batcher = ctx.gen->batcher(ctx.target.pool);
+  // It stops waiting with a place, a batch to join, a failure, or no wait at all (every endpoint's breaker
+  // open: the batch's attempts answer at once, as unbatched; looping on that would spin the worker).
   Outcome q = Outcome::next();
-  while (q.goes_on() && pool.queue() && ctx.queue_pool < 0 && !batcher->joinable(member_->key(), !plan.prompt))
-    q = co_await enter_pool(ctx, member_->key(), !plan.prompt);
+  QueueStay stay;
+  while (pool.queue() && ctx.queue_pool < 0 && !batcher->joinable(member_->key(), !plan.prompt)) {
+    stay.let_out = false;
+    q = co_await enter_pool(ctx, member_->key(), !plan.prompt, &stay);
+    if (!q.goes_on() || !stay.let_out) break;
+  }
   if (!q.goes_on()) {
     if (!(ctx.fail_over && fallback_left(ctx))) co_return std::optional<Outcome>(std::move(q));
     ctx.fail_over = false;

@@ -19,7 +19,8 @@ void GatewayPhases::leave_queue(RequestContext& ctx) {
   pool.dispatch_queue(core::now());  // its place goes to the next one waiting
 }
 
-core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_view batch_key, bool coalesce) {
+core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_view batch_key, bool coalesce,
+                                              QueueStay* stay) {
   auto& pool = ctx.gen->pool(ctx.target.pool);
   routing::PoolQueue& q = *pool.queue();
   const auto& qc = q.config();
@@ -76,7 +77,8 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
     }
   } unlink{q, waiter, ctx};
   ++m.queued(ctx.gen->pool_slot(ctx.target.pool));
-  auto until = now + qc.timeout;
+  if (stay && stay->since == core::TimePoint{}) stay->since = now;
+  auto until = (stay ? stay->since : now) + qc.timeout;
   if (ctx.deadline != core::TimePoint{} && ctx.deadline < until) until = ctx.deadline;
   timer.expires_at(until);
   ctx.backoff = &timer;  // on_client_gone cancels it
@@ -90,6 +92,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
       co_return Outcome::next();
     case routing::QueueWaiter::Verdict::joined:  // a batch it can join opened: it goes with that one's place
       if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+      if (stay) stay->let_out = true;
       co_return Outcome::next();
     case routing::QueueWaiter::Verdict::shed:
       co_return shed(pool.saturated(core::now()) ? ShedReason::saturated : ShedReason::queue_full);
