@@ -3,7 +3,9 @@
 #include "api/error_text.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/json/error.hpp>
@@ -88,11 +90,98 @@ std::string upstream_error_message(std::string_view body) {
   const auto& o = v.get_object();
   std::string_view message;
   if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
+  if (message.empty()) message = string_at(o, "error");  // (TGI's and Ollama's {"error": "<text>"})
   if (message.empty()) message = string_at(o, "message");
   if (message.empty()) message = string_at(o, "detail");
   if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array())
     return detail_message(d->get_array());
   return std::string(message);
+}
+
+std::string upstream_error_text(int status, std::string_view body) {
+  std::string message = upstream_error_message(body);
+  if (!message.empty()) return message;
+  message = status > 0 ? fmt::format("Upstream answered {}", status) : std::string("The upstream's stream failed");
+  // A body that is no JSON object: its text, told apart from one that parses (an object without a message).
+  // (One parse more, on this failure path only.)
+  bool text = false;
+  {
+    unsigned char buf[4096];
+    json::monotonic_resource mr(buf, sizeof buf);
+    boost::system::error_code ec;
+    const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+    text = ec || !v.is_object();
+  }
+  std::string squeezed;  // whitespace runs as one space, trimmed; cut a little past the bound
+  if (text) {
+    for (const char c : body) {
+      if (squeezed.size() > 4 * kMaxUpstreamTextBytes) break;
+      if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v') {
+        if (!squeezed.empty() && squeezed.back() != ' ') squeezed += ' ';
+      } else {
+        squeezed += c;
+      }
+    }
+    while (!squeezed.empty() && squeezed.back() == ' ') squeezed.pop_back();
+  }
+  if (squeezed.empty()) {
+    message += '.';
+    return message;
+  }
+  message += ": ";
+  const std::string_view cut = core::utf8_prefix(squeezed, kMaxUpstreamTextBytes);
+  core::append_valid_utf8(message, cut);
+  if (cut.size() < squeezed.size()) message += "...";
+  return message;
+}
+
+bool is_openai_error(std::string_view body) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  if (ec || !v.is_object()) return false;
+  const auto* e = v.get_object().if_contains("error");
+  if (e == nullptr || !e->is_object()) return false;
+  const auto& err = e->get_object();
+  const auto* message = err.if_contains("message");
+  if (message == nullptr || !message->is_string()) return false;
+  for (const std::string_view name : {"type", "param", "code"})
+    if (const auto* m = err.if_contains(name); m != nullptr && !m->is_null() && !m->is_string()) return false;
+  return true;
+}
+
+void append_openai_error_for(std::string& out, int status, std::string_view body,
+                             std::string_view (*rename_param)(std::string_view)) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  std::string_view type, param, code;
+  std::int64_t number = 0;  // an integer code: the status vLLM means (an error event's only one)
+  if (!ec && v.is_object()) {
+    const auto& o = v.get_object();
+    const auto* e = o.if_contains("error");
+    const auto& where = e && e->is_object() ? e->get_object() : o;
+    type = string_at(where, "type");
+    param = string_at(where, "param");
+    if (rename_param != nullptr && !param.empty()) param = rename_param(param);
+    code = string_at(where, "code");
+    if (const auto* c = where.if_contains("code"); c && c->is_int64()) number = c->get_int64();
+  }
+  const bool client_fault = status > 0 ? status < 500 : number >= 400 && number < 500;
+  out += R"({"error":{"message":)";
+  core::append_json_string(out, upstream_error_text(status, body));
+  out += R"(,"type":)";
+  core::append_json_string(out, !type.empty() ? type : client_fault ? "invalid_request_error" : "server_error");
+  for (const auto& [name, value] : {std::pair{",\"param\":", param}, std::pair{",\"code\":", code}}) {
+    out += name;
+    if (value.empty())
+      out += "null";
+    else
+      core::append_json_string(out, value);
+  }
+  out += "}}";
 }
 
 std::string invalid_body_message(const boost::system::error_code& ec, std::string_view body) {

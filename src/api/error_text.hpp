@@ -1,9 +1,11 @@
 // The texts of two errors the translators and the request parser pass on:
 // a client body's 400 (invalid_body_message) and the message inside an
-// upstream's error answer (upstream_error_message). Both run on failure
-// paths only.
+// upstream's error answer (upstream_error_message, upstream_error_text);
+// and an upstream's error answer in OpenAI's shape (append_openai_error_for,
+// is_openai_error). All run on failure paths only.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -24,10 +26,38 @@ std::string invalid_body_message(const boost::system::error_code& ec, std::strin
 
 // The message of an upstream's error answer: vLLM's and OpenAI's
 // {"error":{"message"}}, vLLM's older {"object":"error","message"},
-// FastAPI's {"detail": "<text>"}, or FastAPI's validation answer {"detail":
-// [{"loc", "msg"}, ...]} as "loc.path: msg; ..." without the leading
-// "body". "" when `body` has none, and when it is not valid JSON (ill-formed
-// UTF-8 among that): what is returned is valid UTF-8 to relay.
+// {"error": "<text>"} (Hugging Face TGI, Ollama), FastAPI's {"detail":
+// "<text>"}, or FastAPI's validation answer {"detail": [{"loc", "msg"},
+// ...]} as "loc.path: msg; ..." without the leading "body". "" when `body`
+// has none, and when it is not valid JSON (ill-formed UTF-8 among that):
+// what is returned is valid UTF-8 to relay.
 std::string upstream_error_message(std::string_view body);
+
+// The message a client gets for an upstream's error answer (`status` >= 400, or 0 for an error event inside a
+// stream): upstream_error_message(); for a body that is no JSON object (a proxy's HTML page, a plain-text
+// "Internal Server Error"), "Upstream answered <status>: <text>" (the stream's: "The upstream's stream failed:
+// <text>"), its text with each run of ASCII whitespace one space, cut on a UTF-8 boundary to
+// kMaxUpstreamTextBytes (then "..."), ill-formed UTF-8 as U+FFFD; else (a JSON object without a message, an
+// empty body) "Upstream answered <status>." ("The upstream's stream failed.").
+inline constexpr std::size_t kMaxUpstreamTextBytes = 256;
+std::string upstream_error_text(int status, std::string_view body);
+
+// Whether an upstream's error answer (a body, or an error event's data) is already OpenAI's error object as
+// the openai SDKs read it (OpenAI API reference, "Error codes"; openai-python's types/shared/error_object.py):
+// a JSON object whose `error` is an object with a string `message`, and a `type`, `param` and `code` each
+// absent, null or a string. Such a body passes to the client byte for byte.
+bool is_openai_error(std::string_view body);
+
+// Appends OpenAI's error object {"error":{"message","type","param","code"}} for an upstream's error answer
+// (`status` >= 400 and its body; 0 and the data for an error event inside a stream) whose body is not one
+// (is_openai_error): the message by upstream_error_text(); the upstream's `type`, `param` and `code` where
+// they are strings (in `error`, or at the top as vLLM's older {"object":"error",...} has them), `param` passed
+// through `rename_param` when given. vLLM's integer `code` (every vLLM version writes the status there, also
+// in a stream's error event) is null: OpenAI's `code` is a string or null (openai-java's typed code() throws
+// on a number), a word such as "context_length_exceeded" clients compare, never a status, and the status is
+// the answer's own. A missing type is invalid_request_error for a 4xx, else server_error (for an error event:
+// by its integer code, 4xx or not).
+void append_openai_error_for(std::string& out, int status, std::string_view body,
+                             std::string_view (*rename_param)(std::string_view) = nullptr);
 
 }  // namespace weir::api

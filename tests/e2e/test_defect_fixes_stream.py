@@ -80,8 +80,11 @@ def stream_lines(gw, path: str, body: dict, script: str) -> tuple[str, str]:
 def test_an_in_band_error_reaches_the_client_once_and_is_logged_as_one(gw):
     text, rid = stream_lines(gw, "/v1/chat/completions", CHAT, "error-first")
     datas = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
-    # The role chunk and the upstream's error as they came, then the end: no second error of Weir's, no token.
-    assert datas == [json.dumps(ROLE), json.dumps(VLLM_ERROR), "[DONE]"], text
+    # The role chunk and the upstream's error (in OpenAI's shape: vLLM's integer code null, stop 60), then the
+    # end: no second error of Weir's, no token.
+    reshaped = {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", "param": None,
+                          "code": None}}
+    assert datas[0] == json.dumps(ROLE) and json.loads(datas[1]) == reshaped and datas[2:] == ["[DONE]"], text
     e = gw.log_for(rid)
     assert e["status"] == 200 and e["error"] and e["error"]["source"] == "upstream", e
     # `events` counts the data events the client got, the error and [DONE] too (docs/observability.md);

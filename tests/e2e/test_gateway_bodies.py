@@ -248,9 +248,11 @@ def test_gzip_error_body_stays_readable(stack, accept):
     r = roundtrip(w.port, gz_request({"x-mock-status": "400", "x-request-id": request_id}, accept))
     assert r.status == 400
     assert int(r.header("content-length")) == len(r.body)
-    assert encoding_of(r) == ("gzip" if accept == "gzip" else "identity")
+    # vLLM's integer code makes it no OpenAI error object: rewritten into one (code null), so written plain
+    # (docs/protocols.md, "Upstream errors on the OpenAI routes"); a gzip body in OpenAI's shape stays gzip below.
+    assert encoding_of(r) == "identity"
     err = r.json()["error"]
-    assert err["code"] == 400 and "injected error" in err["message"]
+    assert err["code"] is None and "injected error" in err["message"]
     assert w.log_for(request_id)["status"] == 400
 
 
@@ -275,8 +277,11 @@ COMPLETION_314 = json.dumps({
     "id": "chatcmpl-314", "object": "chat.completion", "created": 1, "model": "tiny",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
-ERROR_400 = json.dumps({"error": {"message": "bad things", "type": "BadRequestError", "param": None,
-                                  "code": 400}}).encode()
+# OpenAI's error object: passes as it came, gzip to a client that accepts it.
+ERROR_400 = json.dumps({"error": {"message": "bad things", "type": "invalid_request_error", "param": None,
+                                  "code": "bad_things"}}).encode()
+VLLM_ERROR_400 = json.dumps({"error": {"message": "bad things", "type": "BadRequestError", "param": None,
+                                       "code": 400}}).encode()
 
 
 class TinyUpstream(http.server.BaseHTTPRequestHandler):
@@ -291,6 +296,7 @@ class TinyUpstream(http.server.BaseHTTPRequestHandler):
         status, body, encoding = {
             "ok": (200, gzip.compress(COMPLETION_314), "gzip"),
             "error": (400, gzip.compress(ERROR_400), "gzip"),
+            "vllm-error": (400, gzip.compress(VLLM_ERROR_400), "gzip"),
             "empty": (200, b"", "gzip"),
             "corrupt": (200, b"\x1f\x8b\x08\x00 this is not gzip", "gzip"),
             "br": (200, b"\x0b\x02\x80brotli-ish bytes", "br"),
@@ -347,6 +353,11 @@ def test_tiny_gzip_error_and_empty(tiny, accept):
     assert r.status == 400 and int(r.header("content-length")) == len(r.body)
     assert r.decoded() == ERROR_400
     assert encoding_of(r) == ("gzip" if accept == "gzip" else "identity")
+    # (vLLM's own, with its integer code: rewritten into OpenAI's shape, plain.)
+    r = roundtrip(w.port, request("POST", "/v1/chat/completions", body, {"accept-encoding": accept,
+                                                                         "x-case": "vllm-error"}))
+    assert r.status == 400 and encoding_of(r) == "identity"
+    assert json.loads(r.body) == {"error": {**json.loads(VLLM_ERROR_400)["error"], "code": None}}
     r = roundtrip(w.port, request("POST", "/v1/chat/completions", body, {"accept-encoding": accept,
                                                                          "x-case": "empty"}))
     assert r.status == 200 and r.body == b"" and r.header("content-length") == "0"

@@ -73,9 +73,7 @@ void append_error_json(std::string& out, int status, std::string_view message) {
 }
 
 void append_upstream_error(std::string& out, int status, std::string_view body) {
-  const std::string message = upstream_error_message(body);
-  if (message.empty()) return append_error_json(out, status, fmt::format("Upstream answered {}.", status));
-  append_error_json(out, status, message);
+  append_error_json(out, status, upstream_error_text(status, body));
 }
 
 void append_message_id(std::string& out, std::string_view upstream_id) {

@@ -24,7 +24,8 @@ void append_error_json(std::string& out, int status, std::string_view message);
 // its body (vLLM's {"error":{"message"}}, the older {"message"}, FastAPI's
 // {"detail": "<text>"}, or FastAPI's validation answer {"detail": [{"loc",
 // "msg"}, ...]} as "loc.path: msg; ..." without the leading "body"); a body
-// without a message gives "Upstream answered <status>.".
+// that is no JSON object gives "Upstream answered <status>: <its text, cut>",
+// one without a message "Upstream answered <status>." (upstream_error_text).
 void append_upstream_error(std::string& out, int status, std::string_view body);
 
 // The Anthropic message id for an upstream completion id: "msg_" + the id

@@ -12,6 +12,7 @@
 #include "api/json_write.hpp"
 
 #include "api/anthropic/response.hpp"
+#include "api/error_text.hpp"
 #include "api/json_scan.hpp"
 #include "api/wide_integers.hpp"
 #include "core/error.hpp"
@@ -305,9 +306,8 @@ void append_openai_error(std::string& out, int status, std::string_view body) {
     }
     if (message.empty()) message = string_at(o, "message");
   }
-  const std::string fallback = fmt::format("Upstream answered {}.", status);
   out += R"({"error":{"message":)";
-  core::append_json_string(out, message.empty() ? std::string_view(fallback) : message);
+  core::append_json_string(out, message.empty() ? upstream_error_text(status, body) : std::string(message));
   out += R"(,"type":)";
   core::append_json_string(out, type.empty() ? error_type(status) : type);
   out += R"(,"param":null,"code":null}})";

@@ -88,7 +88,8 @@ bool message_as_events(std::string_view body, std::string& out, std::uint32_t& d
 // {"type":"error","error":{"type","message"}}): Anthropic's error.type is
 // kept as the type (invalid_request_error, authentication_error,
 // rate_limit_error, overloaded_error, …); a body without one gives a type
-// from the status and "Upstream answered <status>.".
+// from the status and api::upstream_error_text()'s message ("Upstream
+// answered <status>.", or with the text of a body that is no JSON object).
 void append_openai_error(std::string& out, int status, std::string_view body);
 
 }  // namespace weir::api::anthropic

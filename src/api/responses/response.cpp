@@ -302,32 +302,7 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
 }
 
 void append_upstream_error(std::string& out, int status, std::string_view body) {
-  const std::string message = upstream_error_message(body);
-  unsigned char buf[4096];
-  json::monotonic_resource mr(buf, sizeof buf);
-  boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
-  std::string_view type, param, code;
-  if (!ec && v.is_object()) {
-    const auto& o = v.get_object();
-    const auto* e = o.if_contains("error");
-    const auto& where = e && e->is_object() ? e->get_object() : o;
-    type = string_at(where, "type");
-    param = responses_param(string_at(where, "param"));
-    code = string_at(where, "code");
-  }
-  out += R"({"error":{"message":)";
-  core::append_json_string(out, message.empty() ? fmt::format("Upstream answered {}.", status) : message);
-  out += R"(,"type":)";
-  core::append_json_string(out, !type.empty() ? type : status >= 500 ? "server_error" : "invalid_request_error");
-  for (const auto& [name, value] : {std::pair{",\"param\":", param}, std::pair{",\"code\":", code}}) {
-    out += name;
-    if (value.empty())
-      out += "null";
-    else
-      core::append_json_string(out, value);
-  }
-  out += "}}";
+  append_openai_error_for(out, status, body, responses_param);
 }
 
 }  // namespace weir::api::responses

@@ -108,15 +108,13 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
 // Appends OpenAI's error object {"error":{"message","type","param","code"}}
 // for an upstream's error answer (`status` >= 400 and its body) to a
 // Responses client, whose errors keep OpenAI's shape (docs/protocols.md):
-// the message by api::upstream_error_message(), else "Upstream answered
-// <status>."; the upstream's type, param and code where they are strings
-// (in `error`, or at the top as vLLM's older {"object":"error",...} has
-// them; vLLM's integer code, a copy of the status, is null), else
-// invalid_request_error (4xx) or server_error (5xx) and null. A `param` that
-// names a chat-completions member Weir made from a Responses field names
-// that field (max_tokens → max_output_tokens, messages → input,
-// response_format → text); the message stays the upstream's. Nothing of a
-// body that is not valid JSON (ill-formed UTF-8 among that) is relayed.
+// api::append_openai_error_for() (the upstream's message, string type,
+// param and code; vLLM's integer code null; a body that is no JSON object
+// as its text, cut), with a `param` that names a chat-completions member
+// Weir made from a Responses field naming that field (max_tokens →
+// max_output_tokens, messages → input, response_format → text); the
+// message stays the upstream's. Always rewritten, also when the body is
+// OpenAI's shape already: its param may need the Responses name.
 void append_upstream_error(std::string& out, int status, std::string_view body);
 
 }  // namespace weir::api::responses

@@ -17,6 +17,7 @@
 #include "api/anthropic/response.hpp"
 #include "api/anthropic/stream.hpp"
 #include "api/anthropic/upstream_response.hpp"
+#include "api/error_text.hpp"
 #include "api/openai/stream.hpp"
 #include "api/responses/response.hpp"
 #include "api/responses/stream.hpp"
@@ -664,6 +665,22 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (is_responses(ctx.route) && !translate_events && status >= 400 && req.method() != bh::verb::head) {
     translated.clear();
     api::responses::append_upstream_error(translated, status, from);
+    out = translated;
+    drop_encoding = encoded;
+    content_type = "application/json";
+  }
+  // An upstream's error answer on a route in OpenAI's dialect (chat, completions, embeddings, speech-to-text,
+  // vLLM's own JSON routes) that is not OpenAI's error object (is_openai_error): in it, as on /v1/responses.
+  // vLLM before 0.10.1 answers {"object":"error","message",...} (the Node SDK showed "400 status code (no
+  // body)", openai-go an empty Error), every vLLM an integer `code` (openai-java's code() throws on it), a proxy
+  // in front an HTML page. A body in OpenAI's shape passes byte for byte; one in a coding Weir cannot read
+  // (the client accepted it) as it came.
+  if (!anthropic_up && status >= 400 && req.method() != bh::verb::head &&
+      (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+       ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route) || is_audio(ctx.route)) &&
+      !(encoded && plain.empty() && !out.empty()) && !api::is_openai_error(plain)) {
+    translated.clear();
+    api::append_openai_error_for(translated, status, plain);
     out = translated;
     drop_encoding = encoded;
     content_type = "application/json";

@@ -8,6 +8,7 @@
 // is cut off there instead); a client that stops reading is cut off by
 // server.write_timeout (http::Downstream's stall watch, which runs whether
 // or not the upstream sends); one that leaves aborts the upstream request.
+#include "api/error_text.hpp"
 #include "api/openai/stream.hpp"
 #include "api/text_estimate.hpp"
 #include "gateway/failure.hpp"
@@ -267,6 +268,17 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         continue;
       }
       if (upstream_error) {
+        // Not OpenAI's error object (vLLM's integer `code`, its older {"object":"error",...}): rewritten into
+        // it, as a whole answer's error is (respond_buffered), one `data:` line ending in LF LF (and the LF
+        // that completes the previous event's CR before it, when it carried one). One event per stream.
+        std::string reshaped;  // (send_event copies it into the read's events)
+        if (!api::is_openai_error(ev->data)) {
+          std::string data;
+          api::append_openai_error_for(data, 0, ev->data);
+          reshaped.assign(ev->lf_carried ? "\n" : "");
+          http::append_sse_data(reshaped, data);
+          ev->raw = reshaped;
+        }
         ++ctx.events;
         send_event(*ev);
         error_relayed(s);

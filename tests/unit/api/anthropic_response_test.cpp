@@ -155,6 +155,9 @@ TEST(AnthropicResponse, Errors) {
   EXPECT_EQ(json::parse(out).at("error").at("message"), "Not Found");
   out.clear();
   append_upstream_error(out, 500, "<html>");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 500: <html>");
+  out.clear();
+  append_upstream_error(out, 500, "");
   EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 500.");
   // FastAPI's validation answer (vLLM's 422): `detail` a list of {loc, msg}.
   out.clear();

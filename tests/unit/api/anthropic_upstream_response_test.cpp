@@ -84,7 +84,7 @@ TEST(AnthropicUpstreamResponse, ErrorsKeepAnthropicsTypeInOpenAIsShape) {
   out.clear();
   append_openai_error(out, 401, "<html>nope</html>");
   EXPECT_EQ(json::parse(out).at("error").at("type"), "authentication_error");
-  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 401.");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 401: <html>nope</html>");
 }
 
 TEST(AnthropicUpstreamResponse, UsageOfAMessage) {
