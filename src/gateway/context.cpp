@@ -42,7 +42,7 @@ void RequestContext::reset() {
   upstream_body = {};
   upstream_body_buf.clear();
   edit_buf.clear();
-  chat_translated = chat_continuous = anthropic_models = anthropic_ready = target_refused = false;
+  chat_translated = chat_continuous = anthropic_models = anthropic_client = anthropic_ready = target_refused = false;
   strip_usage = false;
   source = nullptr;
   upstream_status = 0;

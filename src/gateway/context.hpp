@@ -158,6 +158,7 @@ struct RequestContext {
   bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
   bool chat_continuous = false;            // ... made with vLLM's extensions (pools.X.continuous_usage)
   bool anthropic_models = false;           // /v1/models(/...) with anthropic-version: answered in Anthropic's shapes
+  bool anthropic_client = false;           // the request carried anthropic-version (an Anthropic SDK's)
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   std::uint64_t anthropic_max_tokens = 0;  // tokens: the max_tokens its last translation for Anthropic sent
   bool target_refused = false;             // attempt_pool: this target's API cannot carry the request (nothing sent)

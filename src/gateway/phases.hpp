@@ -40,8 +40,9 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
 std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target);
 // The spans fill_trace_record makes for `ctx` (what a full queue drops).
 std::size_t trace_span_count(const RequestContext& ctx);
-// The error shape (and SDK) of `ctx`'s route: Anthropic's on its routes, under /v1/messages/, and on a
-// /v1/models asked with anthropic-version; OpenAI's elsewhere (phases/fail_log.cpp).
+// The error shape (and SDK) of `ctx`'s route: Anthropic's on its routes, under /v1/messages/, on a
+// /v1/models asked with anthropic-version, and on a path Weir does not serve asked with it (/v1/files);
+// OpenAI's elsewhere (phases/fail_log.cpp). Anthropic's shape comes with a request-id field.
 ErrorDialect dialect_of(const RequestContext& ctx);
 
 class GatewayPhases final : public Phases {
@@ -385,8 +386,8 @@ class GatewayPhases final : public Phases {
   // (The response goes by reference: GCC 12 miscopies coroutine parameters
   // passed on the stack.)
   core::Task<void> send_own(RequestContext& ctx, const OwnResponse& r);
-  // On an Anthropic route (/v1/messages, count_tokens): appends
-  // "request-id: <ctx.request_id>" to ctx.head, the header the anthropic SDK
+  // On an answer in Anthropic's shape (dialect_of: /v1/messages, count_tokens, the model list asked with
+  // anthropic-version, ...): appends "request-id: <ctx.request_id>" to ctx.head, the header the anthropic SDK
   // reads for a message's or an error's request id (an Anthropic pool's own
   // is dropped: http::append_response_fields).
   void append_anthropic_request_id(RequestContext& ctx);

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -169,3 +170,29 @@ def test_openai_shaped_stream_error_event_passes_as_it_came(weir, upstream):
     up = upstream(lambda h, b: _sse(CHUNK, event, b"[DONE]"))
     w = _gateway(weir, up.url)
     assert _stream_events(w)[1:] == [event.decode(), "[DONE]"]
+
+
+# F2: every answer in Anthropic's shape carries request-id, the field the Anthropic SDKs read.
+def test_anthropic_shaped_answers_carry_request_id(weir):
+    w = weir(config={"pools": {"p": {"endpoints": ["http://127.0.0.1:9"]}}, "models": {"m": {"pool": "p"}}},
+             workers=1)
+    client = anthropic.Anthropic(base_url=w.base_url, api_key="k", max_retries=0)
+    listed = client.models.with_raw_response.list()
+    assert listed.headers.get("request-id") == listed.headers["x-request-id"], listed.headers
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.models.retrieve("nope")
+    assert e.value.request_id and e.value.request_id == e.value.response.headers["x-request-id"]
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.batches.list()
+    assert e.value.request_id and e.value.request_id == e.value.response.headers["x-request-id"]
+    # Anthropic's Files API (beta) is no route of Weir's: a 404 in the shape its SDK reads.
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.beta.files.list()
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error", e.value.body
+    assert e.value.request_id == e.value.response.headers["x-request-id"]
+    # Without anthropic-version (an OpenAI client): OpenAI's shape, no request-id.
+    r = httpx.get(w.v1 + "/files", timeout=5)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    assert "request-id" not in r.headers and r.headers["x-request-id"]
+    r = httpx.get(w.v1 + "/models", timeout=5)
+    assert r.status_code == 200 and "request-id" not in r.headers

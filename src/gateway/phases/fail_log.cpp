@@ -21,10 +21,13 @@ using namespace std::string_view_literals;
 namespace bh = boost::beast::http;
 
 // Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
-// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape), and
-// on /v1/models asked with anthropic-version (an Anthropic SDK's models.retrieve()).
+// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape), on
+// /v1/models asked with anthropic-version (an Anthropic SDK's models.retrieve()), and on any path Weir does not
+// serve asked with anthropic-version (the Anthropic SDK's beta.files, /v1/files: only its SDK sends that field).
+// Every answer in Anthropic's shape carries `request-id` too (send_own, append_anthropic_request_id).
 ErrorDialect dialect_of(const RequestContext& ctx) {
-  return is_anthropic(ctx.route) || ctx.anthropic_models || std::string_view(ctx.path).starts_with("/v1/messages/")
+  return is_anthropic(ctx.route) || ctx.anthropic_models || std::string_view(ctx.path).starts_with("/v1/messages/") ||
+                 (ctx.anthropic_client && ctx.route == RouteKind::other)
              ? ErrorDialect::anthropic
              : ErrorDialect::openai;
 }

@@ -16,10 +16,13 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
     note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   std::string_view extra = r.extra_lines;
-  std::string with_id;  // an Anthropic route's answer: its request-id too; with server.cors, its CORS fields
-  if (is_anthropic(ctx.route) || !ctx.cors_lines.empty()) {
+  // An answer in Anthropic's shape (dialect_of: its routes, its model list, other paths its SDK asks for): its
+  // request-id too, which the Anthropic SDKs read (err.requestID, _request_id); with server.cors, its CORS fields.
+  std::string with_id;
+  const bool anthropic = dialect_of(ctx) == ErrorDialect::anthropic;
+  if (anthropic || !ctx.cors_lines.empty()) {
     with_id = r.extra_lines;
-    if (is_anthropic(ctx.route)) http::append_header(with_id, "request-id", ctx.request_id);
+    if (anthropic) http::append_header(with_id, "request-id", ctx.request_id);
     with_id += ctx.cors_lines;
     extra = with_id;
   }
@@ -33,7 +36,7 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
 }
 
 void GatewayPhases::append_anthropic_request_id(RequestContext& ctx) {
-  if (!is_anthropic(ctx.route)) return;
+  if (dialect_of(ctx) != ErrorDialect::anthropic) return;
   http::append_header(ctx.head, "request-id", ctx.request_id);
 }
 

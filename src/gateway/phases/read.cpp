@@ -115,8 +115,8 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   // An Anthropic SDK's models.list()/retrieve() (it always sends anthropic-version): Anthropic's shapes, errors
   // included; also the 404 for a path under /v1/models/ that is none of them ("/v1/models/", "/v1/models/m/":
   // a trailing slash is another path in both shapes, as on every route).
-  ctx.anthropic_models = (ctx.route == RouteKind::models || path.starts_with("/v1/models/")) &&
-                         !http::first_field(req, "anthropic-version").empty();
+  ctx.anthropic_client = !http::first_field(req, "anthropic-version").empty();
+  ctx.anthropic_models = (ctx.route == RouteKind::models || path.starts_with("/v1/models/")) && ctx.anthropic_client;
   ctx.method.assign(core::utf8_prefix(req.method_string(), core::kMaxEchoBytes));  // a token of any length
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
   assign_request_id(ctx, req, w_);
