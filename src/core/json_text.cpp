@@ -96,7 +96,8 @@ static_assert(!needs_look(0x4141414141414141ULL) && needs_look(0x414141412241414
 
 }  // namespace
 
-void TextWriter::put_json_string(std::string_view s) {
+template <bool kNulAsReplacement>
+void TextWriter::put_string(std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const std::size_t n = s.size();
@@ -181,7 +182,10 @@ void TextWriter::put_json_string(std::string_view s) {
     }
     copy(s.data() + run, i - run);
     ensure(6 + (n - i) + 1);
-    if (c < 0x80) {
+    if (kNulAsReplacement && c == 0) {
+      copy(kReplacement.data(), kReplacement.size());
+      ++i;
+    } else if (c < 0x80) {
       *p_++ = '\\';
       switch (c) {
         case '"':
@@ -230,6 +234,9 @@ void TextWriter::put_json_string(std::string_view s) {
   copy(s.data() + run, n - run);
   *p_++ = '"';
 }
+
+template void TextWriter::put_string<false>(std::string_view s);
+template void TextWriter::put_string<true>(std::string_view s);
 
 void TextWriter::grow(std::size_t n) {
   // Geometric: at least what this writer wrote so far again, so a long
@@ -284,6 +291,15 @@ std::size_t append_valid_utf8(std::string& out, std::string_view s) {
     i += len;
   }
   out.append(s.substr(run));
+  return replaced;
+}
+
+std::size_t append_log_text(std::string& out, std::string_view s) {
+  const std::size_t at = out.size();
+  const std::size_t replaced = append_valid_utf8(out, s);
+  // A NUL is rare (a client's "\u0000"): the common case is one memchr.
+  for (std::size_t nul = out.find('\0', at); nul != std::string::npos; nul = out.find('\0', nul + kReplacement.size()))
+    out.replace(nul, 1, kReplacement);
   return replaced;
 }
 

@@ -36,6 +36,12 @@ void append_json_string(std::string& out, std::string_view s);
 // and was appended as it is).
 std::size_t append_valid_utf8(std::string& out, std::string_view s);
 
+// append_valid_utf8's text with each U+0000 (a NUL byte) as U+FFFD: what a
+// log line's literal (TextWriter::put_log_string) decodes to, for the
+// request log's columns that repeat the line's fields. Returns the number
+// of U+FFFD written for ill-formed sequences (NULs not counted).
+std::size_t append_log_text(std::string& out, std::string_view s);
+
 // The length of a prefix of `s` that is plain ASCII: s.size() when all of
 // `s` is, else an offset at or before its first non-ASCII byte (at most 31
 // before it). Where SSE2 is there (every x86-64) 32 bytes a step, one test

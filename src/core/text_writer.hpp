@@ -64,9 +64,18 @@ class TextWriter {
   // append_scaled in json_text.hpp.
   void put_scaled(std::int64_t v, unsigned decimals);
   // `s` as a JSON string literal: append_json_string in json_text.hpp.
-  void put_json_string(std::string_view s);
+  void put_json_string(std::string_view s) { put_string<false>(s); }
+  // The same, except that U+0000 (a NUL byte) is written as U+FFFD, not as
+  // \u0000: a log line's value (the access log, the request log's `record`),
+  // which PostgreSQL's json and jsonb cannot hold with a U+0000 in it (its
+  // docs, "JSON Types": \u0000 is refused when the text is read as json), so
+  // one row with it failed every `record::json` query over the table. The
+  // same cost as put_json_string: a NUL takes the escape path either way.
+  void put_log_string(std::string_view s) { put_string<true>(s); }
 
  private:
+  template <bool kNulAsReplacement>
+  void put_string(std::string_view s);
   [[gnu::cold, gnu::noinline]] void grow(std::size_t n);
 
   std::string& out_;

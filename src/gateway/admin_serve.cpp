@@ -89,14 +89,14 @@ void AdminServer::log_request(std::string_view method, std::string_view path, st
     w.put(R"({"ts":")");
     core::put_rfc3339(w, std::chrono::system_clock::now());
     w.put(R"(","listener":"admin","method":)");
-    w.put_json_string(core::utf8_prefix(method, 16));
+    w.put_log_string(core::utf8_prefix(method, 16));
     w.put(R"(,"path":)");
-    w.put_json_string(core::utf8_prefix(path, core::kMaxEchoBytes));
+    w.put_log_string(core::utf8_prefix(path, core::kMaxEchoBytes));
     w.put(R"(,"client":)");
     if (client.empty())
       w.put("null");
     else
-      w.put_json_string(client);
+      w.put_log_string(client);
     w.put(R"(,"status":)");
     w.put_int(status);
     w.put(R"(,"duration_ms":)");

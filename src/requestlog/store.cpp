@@ -80,7 +80,10 @@ bool Writer::open_store(std::string& error) {
 namespace {
 
 // Appends one captured body as {"size":N,"truncated":bool,"text":"..."}
-// (valid UTF-8) or {..., "base64":"..."} (anything else), redacted first.
+// (valid UTF-8 without a NUL byte) or {..., "base64":"..."} (anything else),
+// redacted first. A NUL byte as text would be the escape \u0000, which
+// PostgreSQL's json and jsonb refuse: one such row failed every
+// `bodies::jsonb` query over the table; base64 keeps its bytes as they came.
 void append_body(std::string& out, const CapturedBody& b, std::string& text) {
   text.assign(b.bytes);
   redact_patterns(text, b.truncated);
@@ -89,7 +92,7 @@ void append_body(std::string& out, const CapturedBody& b, std::string& text) {
   // A multi-byte character cut by the cap is not a reason for base64.
   if (b.truncated && !valid_utf8(v))
     for (int k = 0; k < 3 && !v.empty() && !valid_utf8(v); ++k) v.remove_suffix(1);
-  if (valid_utf8(v)) {
+  if (valid_utf8(v) && v.find('\0') == std::string_view::npos) {
     out += R"("text":)";
     core::append_json_string(out, v);
   } else {

@@ -431,17 +431,17 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
   w.put(R"({"ts":")"sv);
   core::put_rfc3339(w, wall);
   w.put(R"(","request_id":)"sv);
-  w.put_json_string(ctx.request_id);
+  w.put_log_string(ctx.request_id);
   if (ctx.sent_alone) {
     // The x-request-id its upstream requests carried (vLLM's request id, in its log): a client's own id gets
     // a suffix there. (A micro-batch member's upstream request is its batch's: batch.id.)
     w.put(R"(,"upstream_request_id":)"sv);
-    w.put_json_string(ctx.upstream_id());
+    w.put_log_string(ctx.upstream_id());
   }
   w.put(R"(,"method":)"sv);
-  w.put_json_string(ctx.method);
+  w.put_log_string(ctx.method);
   w.put(R"(,"path":)"sv);
-  w.put_json_string(ctx.path);
+  w.put_log_string(ctx.path);
   // The client's address (Downstream::client_address: the peer, or from a trusted proxy its
   // X-Forwarded-For's client): IP address text, written as it is (no byte in it needs escaping).
   if (const std::string_view client = down_.client_address(); client.empty()) {
@@ -456,18 +456,18 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
   if (ctx.model.empty())
     w.put("null"sv);
   else
-    w.put_json_string(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
+    w.put_log_string(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
   const auto& cfg = ctx.gen->config();
   w.put(R"(,"pool":)"sv);
   if (ctx.pool < 0)
     w.put("null"sv);
   else
-    w.put_json_string(cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
+    w.put_log_string(cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
   w.put(R"(,"endpoint":)"sv);
   if (ctx.pool < 0 || ctx.endpoint < 0)
     w.put("null"sv);
   else
-    w.put_json_string(
+    w.put_log_string(
         cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
   if (ctx.principal || ctx.refused) {
     // A refused credential's identity (ctx.refused) is written the same way:
@@ -476,7 +476,7 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
       if (v.empty())
         w.put("null"sv);
       else
-        w.put_json_string(core::utf8_prefix(v, core::kMaxEchoBytes));  // Redis ids and JWT claims: any text
+        w.put_log_string(core::utf8_prefix(v, core::kMaxEchoBytes));  // Redis ids and JWT claims: any text
     };
     w.put(R"(,"tenant":)"sv);
     put_or_null(ctx.log_tenant());
@@ -524,7 +524,7 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     if (ctx.coalesced && member_ && member_->batch_id() == ctx.batch_id())
       ctx.batch_size = static_cast<std::uint16_t>(member_->batch_size());
     w.put(R"(,"batch":{"id":)"sv);
-    w.put_json_string(ctx.batch_id());
+    w.put_log_string(ctx.batch_id());
     w.put(R"(,"size":)"sv);
     w.put_uint(ctx.batch_size);
     w.put(R"(,"slot":)"sv);
@@ -539,12 +539,12 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
       const auto& a = ctx.attempt_log[i];
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
       w.put(i ? R"(,{"pool":)"sv : R"({"pool":)"sv);
-      w.put_json_string(pool.name);
+      w.put_log_string(pool.name);
       w.put(R"(,"endpoint":)"sv);
       if (a.endpoint < 0)  // none was tried (breaker_open)
         w.put("null"sv);
       else
-        w.put_json_string(pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+        w.put_log_string(pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
       w.put(R"(,"status":)"sv);
       if (a.status)
         w.put_int(a.status);
@@ -554,7 +554,7 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
       if (const auto f = a.failure_label(); f.empty())
         w.put("null"sv);
       else
-        w.put_json_string(f);
+        w.put_log_string(f);
       w.put(R"(,"ms":)"sv);
       w.put_scaled(static_cast<std::int64_t>(a.us), 3);
       if (a.resume) w.put(R"(,"resume":true)"sv);  // it continued a stream that broke (pools.X.resume)
@@ -599,7 +599,7 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     w.put(R"(,"error":{"source":")"sv);
     w.put(core::to_string(ctx.error_source));
     w.put(R"(","code":)"sv);
-    w.put_json_string(ctx.error_code);
+    w.put_log_string(ctx.error_code);
     // A model refused by an allow-list (model_not_allowed, whatever the client was told): whose list.
     if (ctx.refused_by != auth::AllowList::none) {
       w.put(R"(,"refused_by":")"sv);
@@ -635,11 +635,11 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudg
   r->request_id.assign(ctx.request_id);
   // The columns hold what the line's fields decode to: capped as the line caps them, made valid UTF-8 by its
   // escaper's rule (one U+FFFD for each ill-formed sequence, counted in the cap), so a filter by the value
-  // the log shows finds the row, and a column is never longer than the cap.
+  // the log shows finds the row, and a column is never longer than the cap; U+0000 as U+FFFD, as the line has it.
   for (auto [col, v] : {std::pair{&r->model, std::string_view(ctx.model)}, std::pair{&r->tenant, ctx.log_tenant()},
                         std::pair{&r->key_id, ctx.log_key_id()}}) {
     col->clear();
-    core::append_valid_utf8(*col, core::utf8_prefix(v, core::kMaxEchoBytes));
+    core::append_log_text(*col, core::utf8_prefix(v, core::kMaxEchoBytes));
   }
   r->json.assign(line);
   // Captured bodies (request_log.capture_bodies), within the queue's budget.
