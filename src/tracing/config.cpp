@@ -57,14 +57,19 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
   if (!n["otlp_endpoint"])
     return tl::unexpected(config_error(n, "tracing.otlp_endpoint", "missing (e.g. http://127.0.0.1:4318)"));
   WEIR_TRY(url, core::read_string(n["otlp_endpoint"], "tracing.otlp_endpoint"));
-  if (auto u = boost::urls::parse_uri(url); u && u->has_userinfo())
+  const auto u = boost::urls::parse_uri(url);
+  if (u && u->has_userinfo())
     return tl::unexpected(config_error(n["otlp_endpoint"], "tracing.otlp_endpoint",
                                        "credentials (userinfo before '@') are not allowed in the URL: give them as "
                                        "a header in tracing.headers_env"));
   auto ep = core::parse_endpoint_url(url);
   if (!ep) return tl::unexpected(config_error(n["otlp_endpoint"], "tracing.otlp_endpoint", ep.error().message));
   c.endpoint = std::move(*ep);
-  c.target = c.endpoint.base_path.empty() ? "/v1/traces" : c.endpoint.base_path;
+  // No path (or "/" alone): OTLP/HTTP's default, /v1/traces. A path is the
+  // target as written, a trailing '/' kept (the OpenTelemetry SDKs' rule for a
+  // signal's own endpoint: used as is). (base_path drops the slash: the
+  // upstreams' rule, a base that request paths are appended to.)
+  c.target = c.endpoint.base_path.empty() ? "/v1/traces" : std::string(u->encoded_path());
   if (!c.endpoint.query.empty()) c.target += "?" + c.endpoint.query;
   if (auto v = n["sample_ratio"]) {
     WEIR_TRY(r, core::read_double(v, "tracing.sample_ratio", 0.0, 1.0));

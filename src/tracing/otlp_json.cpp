@@ -113,12 +113,39 @@ bool request_failed(const TraceRecord& r) {
   return r.status < 400 && r.has_error && r.error_source != "client";
 }
 
+// Whether `m` is a method the HTTP semantic conventions know (semconv
+// http.request.method: RFC 9110 §9's eight and RFC 5789's PATCH), compared
+// as written: `get` is not GET. Any other token a client sends (methods are
+// unbounded, and a request needs no credentials to be traced) is recorded
+// as `_OTHER`, its span named with `HTTP` in the method's place, so clients
+// cannot mint span names or method values at will.
+bool known_method(std::string_view m) {
+  static constexpr std::string_view kKnown[] = {"GET",     "POST",  "PUT",   "DELETE", "HEAD",
+                                                "OPTIONS", "PATCH", "TRACE", "CONNECT"};
+  for (std::string_view k : kKnown)
+    if (m == k) return true;
+  return false;
+}
+
+// http.request.method's value, and the method part of an HTTP span's name.
+std::string_view method_attr(std::string_view m) { return known_method(m) ? m : "_OTHER"; }
+std::string_view method_name(std::string_view m) { return known_method(m) ? m : "HTTP"; }
+
+// http.request.method and, for a method the conventions do not know,
+// http.request.method_original: the token as sent (at most kMaxEchoBytes).
+void method_attrs(Attrs& a, std::string_view m) {
+  a.str("http.request.method", method_attr(m));
+  if (!known_method(m)) a.str("http.request.method_original", core::utf8_prefix(m, core::kMaxEchoBytes));
+}
+
 void append_request_span(std::string& out, const TraceRecord& r) {
   const bool failed = request_failed(r);
   append_ids(out, r, r.span_id, &r.parent_id);
   out += R"(,"name":)";
+  // HTTP server semconv: "{method} {http.route}", or "{method}" without a route; r.route is one of Weir's
+  // route labels (empty for any other path), never the client's path: a bounded set of names.
   thread_local std::string name;  // the exporter's thread: reused, no allocation per span
-  name.assign(r.method);
+  name.assign(method_name(r.method));
   if (!r.route.empty()) {
     name += ' ';
     name += r.route;
@@ -129,7 +156,7 @@ void append_request_span(std::string& out, const TraceRecord& r) {
   out += ',';
   {
     Attrs a(out);
-    a.str("http.request.method", r.method);
+    method_attrs(a, r.method);
     a.str_if("http.route", r.route);
     a.str("url.path", r.path);
     a.str("url.scheme", "http");
@@ -172,7 +199,7 @@ void append_child(std::string& out, const TraceRecord& r, const ChildSpan& c) {
       name = "batch wait";
       break;
     case Step::upstream:
-      name = r.method;  // HTTP client semconv: "{method}"
+      name = method_name(r.method);  // HTTP client semconv: "{method}"
       kind = kClient;
       break;
     case Step::response:
@@ -199,7 +226,7 @@ void append_child(std::string& out, const TraceRecord& r, const ChildSpan& c) {
         a.str_if("weir.batch.id", r.batch_id);
         break;
       case Step::upstream:
-        a.str("http.request.method", r.method);
+        method_attrs(a, r.method);
         a.str_if("server.address", c.host);
         if (c.port) a.i64("server.port", c.port);
         if (!c.url.empty()) a.str("url.full", core::redact_url(c.url));
@@ -240,13 +267,21 @@ std::string resource_json(const Resource& r) {
   std::string out = "{";
   {
     Attrs a(out);
-    a.str("service.name", r.service_name);
-    a.str_if("service.version", r.service_version);
-    a.str_if("service.instance.id", r.instance_id);
-    a.str_if("host.name", r.host_name);
-    a.str("telemetry.sdk.name", "weir");
-    a.str("telemetry.sdk.language", "cpp");
-    a.str_if("telemetry.sdk.version", r.service_version);
+    // OTLP (common.proto, KeyValue): keys are unique. An attribute Weir sets that tracing.resource names too
+    // (host.name as the node's name, service.version as the deployment's) is the configured value: the
+    // operator's override, written once, where the configured ones are.
+    auto builtin = [&](std::string_view key, std::string_view v) {
+      for (const auto& kv : r.extra)
+        if (kv.first == key) return;
+      a.str_if(key, v);
+    };
+    a.str("service.name", r.service_name);  // (tracing.resource may not name it: tracing.service_name does)
+    builtin("service.version", r.service_version);
+    builtin("service.instance.id", r.instance_id);
+    builtin("host.name", r.host_name);
+    builtin("telemetry.sdk.name", "weir");
+    builtin("telemetry.sdk.language", "cpp");
+    builtin("telemetry.sdk.version", r.service_version);
     for (const auto& [k, v] : r.extra) {
       // Configured names: escaped like any string (Attrs writes keys raw).
       std::string key;

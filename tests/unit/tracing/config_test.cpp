@@ -45,6 +45,14 @@ TEST(TracingConfigTest, DefaultsAndTheTracesPath) {
   auto p = parse("tracing: {otlp_endpoint: 'https://otel.example.com/api/v1/otlp/traces?x=1'}\n");
   ASSERT_TRUE(p);
   EXPECT_EQ((*p)->target, "/api/v1/otlp/traces?x=1");
+  // As written: a trailing '/' is kept (the upstreams' base_path drops it: a base request paths are added to);
+  // "/" alone is no path.
+  auto slash = parse("tracing: {otlp_endpoint: 'http://collector/otlp/'}\n");
+  ASSERT_TRUE(slash);
+  EXPECT_EQ((*slash)->target, "/otlp/");
+  auto root = parse("tracing: {otlp_endpoint: 'http://collector:4318/'}\n");
+  ASSERT_TRUE(root);
+  EXPECT_EQ((*root)->target, "/v1/traces");
   EXPECT_TRUE((*p)->endpoint.tls);
   EXPECT_EQ((*p)->endpoint.port, 443);
 }

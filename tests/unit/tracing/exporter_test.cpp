@@ -4,6 +4,7 @@
 
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -355,6 +356,62 @@ TEST(OtlpJsonTest, GenAiProviderUrlFullRedactedAndCacheReadOnlyWhenReported) {
   EXPECT_EQ(c["gen_ai.provider.name"].as_string(), "openai");
   EXPECT_EQ(c["url.full"].as_string(),
             "https://10.0.0.2:8000/openai/deployments/d/chat/completions?api-key=REDACTED&v=1");
+}
+
+// HTTP semantic conventions (http.request.method): a method outside RFC 9110's and PATCH, compared as written,
+// is "_OTHER" with the token in http.request.method_original, and the span's name says "HTTP" in its place: a
+// client cannot mint span names (or method values) by inventing methods.
+TEST(OtlpJsonTest, AnUnknownMethodIsOtherAndItsSpanNamedHttp) {
+  IdGenerator g(7);
+  for (const std::string& method : std::vector<std::string>{"MFOO", "get", "PROPFIND", std::string(300, 'X')}) {
+    TraceRecord r;
+    fill(r, g, true);
+    r.method = method;
+    const auto spans = encode(r);
+    const auto& root = spans[0].as_object();
+    EXPECT_EQ(root.at("name").as_string(), "HTTP /v1/chat/completions") << method;
+    auto a = attrs(root);
+    EXPECT_EQ(a["http.request.method"].as_string(), "_OTHER");
+    EXPECT_EQ(a["http.request.method_original"].as_string(), method.substr(0, 256));
+    EXPECT_EQ(spans[3].at("name").as_string(), "HTTP");  // the attempts' CLIENT spans too
+    EXPECT_EQ(attrs(spans[3].as_object())["http.request.method"].as_string(), "_OTHER");
+  }
+  for (const std::string method : {"GET", "PATCH", "DELETE", "OPTIONS", "HEAD", "PUT", "TRACE", "CONNECT"}) {
+    TraceRecord r;
+    fill(r, g, true);
+    r.method = method;
+    r.route = {};  // no route matched: the method alone
+    const auto spans = encode(r);
+    EXPECT_EQ(spans[0].at("name").as_string(), method);
+    auto a = attrs(spans[0].as_object());
+    EXPECT_EQ(a["http.request.method"].as_string(), method);
+    EXPECT_EQ(a.count("http.request.method_original"), 0u);
+  }
+}
+
+// OTLP (common.proto): a resource's keys are unique. One that tracing.resource names and Weir sets too is the
+// configured value, once.
+TEST(OtlpJsonTest, AConfiguredResourceAttributeReplacesTheBuiltInOne) {
+  Resource r = resource();
+  r.host_name = "pod-7f9c";
+  r.extra = {{"host.name", "node-3"},
+             {"service.version", "2.3.4"},
+             {"telemetry.sdk.language", "c++"},
+             {"deployment.environment", "prod"}};
+  const auto doc = json::parse(std::string("{\"resource\":") + resource_json(r) + "}");
+  std::vector<std::string> keys;
+  std::map<std::string, std::string> got;
+  for (const auto& a : doc.at("resource").at("attributes").as_array()) {
+    keys.emplace_back(a.at("key").as_string());
+    got[keys.back()] = std::string(a.at("value").at("stringValue").as_string());
+  }
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
+  EXPECT_EQ(got["host.name"], "node-3");
+  EXPECT_EQ(got["service.version"], "2.3.4");
+  EXPECT_EQ(got["telemetry.sdk.language"], "c++");
+  EXPECT_EQ(got["telemetry.sdk.version"], "0.1.0");  // not named: Weir's
+  EXPECT_EQ(got["service.instance.id"], "00000000000000ff");
+  EXPECT_EQ(got["service.name"], "weir-test");
 }
 
 bool push(Exporter& e, unsigned worker, IdGenerator& g) {
