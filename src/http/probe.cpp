@@ -1,6 +1,7 @@
 #include "http/probe.hpp"
 
 #include "http/io.hpp"
+#include "http/retry_after.hpp"
 
 #include "http/shortage.hpp"
 #include "http/tls.hpp"
@@ -271,14 +272,6 @@ void close_after(Timer& timer, const std::shared_ptr<KeptSocket>& c, std::chrono
   });
 }
 
-// The seconds of a Retry-After in its delay-seconds form; 0 for none, an HTTP date or junk.
-std::chrono::seconds retry_after_of(std::string_view v) {
-  std::int64_t s = 0;
-  const auto [p, e] = std::from_chars(v.data(), v.data() + v.size(), s);
-  if (v.empty() || e != std::errc() || p != v.data() + v.size() || s <= 0) return std::chrono::seconds(0);
-  return std::chrono::seconds(s);
-}
-
 }  // namespace
 
 struct KeptConnection::State {
@@ -401,7 +394,8 @@ Task<PostAnswer> KeptConnection::send(const PostRequest& r, bool& answered) {
   }
   auto& res = parser.get();
   a.status = res.result_int();
-  a.retry_after = retry_after_of(res[bh::field::retry_after]);
+  if (const auto wait = parse_retry_after(res[bh::field::retry_after], std::chrono::system_clock::now()))
+    a.retry_after = *wait;
   a.body = std::move(res.body());
   if (!parser.keep_alive()) close();  // every Connection line (RFC 9110 §5.3)
   co_return a;

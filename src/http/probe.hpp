@@ -112,8 +112,9 @@ struct PostAnswer {
   // The final answer's status (interim 1xx heads before it skipped, as fetch_text does); 0 = none (`error` says why).
   int status = 0;
   std::string error;  // empty on an answer
-  // Retry-After in seconds (RFC 9110 §10.2.3: only its delay-seconds form); 0 = none.
-  std::chrono::seconds retry_after{};
+  // The wait the answer's Retry-After asks for (http/retry_after.hpp: delay-seconds, or an HTTP-date's time
+  // from now; one too large to read is 10^9 s, for the caller to cap); 0 = none, unreadable, or no wait.
+  std::chrono::milliseconds retry_after{};
   std::string body;  // the answer's body (Content-Length, chunked or close-delimited)
 };
 

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "http/forward.hpp"
+#include "http/retry_after.hpp"
 #include "http/upstream.hpp"
 #include "routing/endpoint_set.hpp"
 #include "routing/pool.hpp"
@@ -70,17 +71,10 @@ struct AttemptVerdict {
 // the upstream did not do the work.
 bool retryable_status(int status);
 
-// A Retry-After value (RFC 9110 §10.2.3) as the delay it asks for: its
-// delay-seconds (more than 9 digits: 10^9 s, past any cap), or the time
-// from `now` (wall clock) to its HTTP-date (0 for a date passed); nullopt
-// for anything unparsable (the backoff is used then).
-std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
-                                                           std::chrono::system_clock::time_point now);
-
-// A `retry-after-ms` value (OpenAI's field, read before Retry-After by its
-// SDKs): a non-negative decimal number of milliseconds, a fraction rounded
-// up ("1.5" is 2 ms); nullopt for anything else (Retry-After is read then).
-std::optional<std::chrono::milliseconds> parse_retry_after_ms(std::string_view v);
+// parse_retry_after, parse_retry_after_ms: http/retry_after.hpp (the trace
+// exporter reads its collector's Retry-After by the same rule).
+using http::parse_retry_after;
+using http::parse_retry_after_ms;
 
 // The delay an upstream's answer asks for: its `retry-after-ms` field when
 // that parses (the OpenAI SDKs read it first), else its Retry-After;

@@ -118,8 +118,7 @@ class OtlpClient {
       }
       out.status = a.status;
       out.error = std::move(a.error);
-      out.retry_after = std::min<std::chrono::milliseconds>(
-          core::saturating_cast<std::chrono::milliseconds>(a.retry_after), kMaxRetryAfter);
+      out.retry_after = std::min<std::chrono::milliseconds>(a.retry_after, kMaxRetryAfter);
       out.body = std::move(a.body);
     });
     ioc_.restart();

@@ -42,7 +42,7 @@ struct ExporterStats {
 struct PostResult {
   int status = 0;                           // HTTP status; 0 = no answer (`error` says why)
   std::string error;                        // empty on an answer
-  std::chrono::milliseconds retry_after{};  // from Retry-After (seconds), 0 = none
+  std::chrono::milliseconds retry_after{};  // the answer's Retry-After, at most 5 s; 0 = none
   std::string body;                         // the answer's body (at most 64 KiB)
 };
 

@@ -217,7 +217,11 @@ TEST(KeptConnection, PostsOnOneConnectionAndReadsStatusRetryAfterAndBody) {
   PostServer server({{"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{\"partialSuccess\":1}"},
                      {"HTTP/1.1 503 Unavailable\r\nRetry-After: 3\r\ncontent-length: 0\r\n\r\n"},
                      {"HTTP/1.1 429 Too Many\r\nRetry-After: Wed, 21 Oct 2015 07:28:00 GMT\r\n"
-                      "transfer-encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n"}});
+                      "transfer-encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n"},
+                     {"HTTP/1.1 503 Unavailable\r\nRetry-After: 99999999999999999999\r\ncontent-length: 0\r\n\r\n"},
+                     {"HTTP/1.1 503 Unavailable\r\nRetry-After: Fri, 31 Dec 9999 23:59:59 GMT\r\n"
+                      "content-length: 0\r\n\r\n"},
+                     {"HTTP/1.1 503 Unavailable\r\nRetry-After: soon\r\ncontent-length: 0\r\n\r\n"}});
   asio::io_context io;
   http::KeptConnection c(io.get_executor(), {.host = "127.0.0.1", .port = server.endpoint().port()});
   auto a = post(io, c, otlp_post("hello"));
@@ -230,11 +234,20 @@ TEST(KeptConnection, PostsOnOneConnectionAndReadsStatusRetryAfterAndBody) {
   EXPECT_EQ(a.retry_after, std::chrono::seconds(3));
   a = post(io, c, otlp_post("third"));
   EXPECT_EQ(a.status, 429);
-  EXPECT_EQ(a.retry_after.count(), 0);  // an HTTP date is not honoured
+  EXPECT_EQ(a.retry_after.count(), 0);  // an HTTP date passed: no wait
   EXPECT_EQ(a.body, "no");
+  // Too large to read is "very long", for the caller to cap (http/retry_after.hpp), not none; so is a date
+  // far ahead. Junk is none.
+  a = post(io, c, otlp_post("overflow"));
+  EXPECT_GE(a.retry_after, std::chrono::hours(24 * 365));
+  a = post(io, c, otlp_post("date"));
+  EXPECT_GE(a.retry_after, std::chrono::hours(24 * 365));
+  a = post(io, c, otlp_post("junk"));
+  EXPECT_EQ(a.status, 503);
+  EXPECT_EQ(a.retry_after.count(), 0);
   EXPECT_EQ(server.connections(), 1);
   const auto reqs = server.requests();
-  ASSERT_EQ(reqs.size(), 3u);
+  ASSERT_EQ(reqs.size(), 6u);
   EXPECT_EQ(reqs[0],
             "POST /v1/traces HTTP/1.1\r\nHost: collector:4318\r\nContent-Type: application/json\r\n"
             "User-Agent: weir/1\r\nx-api-key: k\r\nContent-Length: 5\r\n\r\nhello");
