@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from conftest import free_port, wait_until
@@ -14,9 +15,10 @@ from conftest import free_port, wait_until
 class Collector:
     def __init__(self):
         self.lock = threading.Lock()
-        self.requests: list[dict] = []     # {"path", "headers", "body"}
+        self.requests: list[dict] = []     # {"path", "headers", "body", "t": time.monotonic() at arrival}
         self.spans: list[dict] = []        # each span with "_resource" (its resource's attributes)
         self.script: list[int] = []        # statuses to answer, in order (then 200)
+        self.retry_after = "0"             # the Retry-After of a scripted 503
         self.gate = threading.Event()      # cleared: each POST waits for it before it is answered
         self.gate.set()
         collector = self
@@ -27,10 +29,12 @@ class Collector:
             def do_POST(self):
                 n = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(n)
+                arrived = time.monotonic()
                 collector.gate.wait()
                 with collector.lock:
                     status = collector.script.pop(0) if collector.script else 200
-                    collector.requests.append({"path": self.path, "headers": dict(self.headers), "body": raw})
+                    collector.requests.append({"path": self.path, "headers": dict(self.headers), "body": raw,
+                                               "t": arrived})
                     if status == 200:
                         doc = json.loads(raw)
                         for rs in doc["resourceSpans"]:
@@ -43,7 +47,7 @@ class Collector:
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))
                 if status == 503:
-                    self.send_header("retry-after", "0")
+                    self.send_header("retry-after", collector.retry_after)
                 self.end_headers()
                 self.wfile.write(body)
 
