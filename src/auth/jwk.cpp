@@ -103,6 +103,9 @@ PkeyPtr from_params(const char* type, OSSL_PARAM_BLD* bld) {
   return adopt_pkey(pkey);
 }
 
+constexpr int kMaxRsaExponentBits = 32;    // e < 2^32
+constexpr int kMaxRsaModulusBits = 16384;  // OPENSSL_RSA_MAX_MODULUS_BITS
+
 tl::expected<PkeyPtr, std::string> rsa_key(const boost::json::object& o) {
   auto n = b64_member(o, "n");
   if (!n) return tl::unexpected(n.error());
@@ -112,8 +115,19 @@ tl::expected<PkeyPtr, std::string> rsa_key(const boost::json::object& o) {
       BN_bin2bn(reinterpret_cast<const unsigned char*>(n->data()), static_cast<int>(n->size()), nullptr));
   std::unique_ptr<BIGNUM, BnFree> bn_e(
       BN_bin2bn(reinterpret_cast<const unsigned char*>(e->data()), static_cast<int>(e->size()), nullptr));
+  if (!bn_n || !bn_e) return tl::unexpected(std::string("cannot build RSA key"));
+  // The public key's own checks (RFC 8017 §3.1: n odd, e odd and 3 <= e < n), which OpenSSL's import does
+  // not make: with e = 1 a "signature" that is the padded hash itself verifies, so anyone could sign. e is
+  // also kept below 2^32 (BoringSSL's and Go's bound; every issuer uses 65537): a huge e costs a modular
+  // exponentiation of its length per verification (a 3,070-bit e: ~8 ms), work an issuer's document must
+  // not be able to ask of every token. n past OpenSSL's 16,384 bits never verifies: said so here.
+  if (!BN_is_odd(bn_e.get()) || BN_num_bits(bn_e.get()) < 2 || BN_num_bits(bn_e.get()) > kMaxRsaExponentBits)
+    return tl::unexpected(std::string("RSA exponent e must be odd, at least 3 and below 2^32 (RFC 8017 §3.1)"));
+  if (!BN_is_odd(bn_n.get())) return tl::unexpected(std::string("RSA modulus n must be odd (RFC 8017 §3.1)"));
+  if (BN_num_bits(bn_n.get()) > kMaxRsaModulusBits)
+    return tl::unexpected(fmt::format("RSA modulus n is over {} bits", kMaxRsaModulusBits));
   std::unique_ptr<OSSL_PARAM_BLD, BldFree> bld(OSSL_PARAM_BLD_new());
-  if (!bn_n || !bn_e || !bld || OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_N, bn_n.get()) != 1 ||
+  if (!bld || OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_N, bn_n.get()) != 1 ||
       OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_E, bn_e.get()) != 1)
     return tl::unexpected(std::string("cannot build RSA key"));
   auto pkey = from_params("RSA", bld.get());

@@ -297,6 +297,45 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   EXPECT_EQ(s->skipped, 1u);
 }
 
+// RFC 8017 §3.1: e odd, 3 <= e < n; and n odd. With e = 1 the PKCS#1 v1.5 encoding of a token's hash is its own
+// signature (anyone could sign); an even e or n is no RSA key; a huge e costs its length in work per token.
+TEST(AuthJwks, RsaKeysWithABadExponentOrModulusAreMalformed) {
+  const auto& k = Keys::get();
+  const std::string good = k.rsa.jwk();
+  const auto with_member = [&](std::string_view name, std::string_view value) {
+    std::string j = good;
+    const auto at = j.find(fmt::format(R"("{}":")", name)) + name.size() + 4;
+    j.replace(at, j.find('"', at) - at, value);
+    return j;
+  };
+  ASSERT_NE(good.find(R"("e":"AQAB")"), std::string::npos);
+  const std::string n =
+      good.substr(good.find(R"("n":")") + 5, good.find('"', good.find(R"("n":")") + 5) - (good.find(R"("n":")") + 5));
+  auto n_bytes = *base64url_decode(n);
+  n_bytes.back() = static_cast<char>(n_bytes.back() & ~1);  // even
+  for (const std::string& bad :
+       {with_member("e", "AQ"),                                                      // 1
+        with_member("e", "AA"),                                                      // 0
+        with_member("e", "AAE"),                                                     // 1, leading zero
+        with_member("e", "AQAA"),                                                    // 65536: even
+        with_member("e", base64url_encode(std::string("\x01\x00\x00\x00\x01", 5))),  // 2^32 + 1
+        with_member("e", base64url_encode(std::string(384, '\xff'))),                // 3,072 bits
+        with_member("n", base64url_encode(n_bytes))}) {
+    auto set = parse_jwks(R"({"keys":[)" + bad + "]}");
+    EXPECT_FALSE(set) << bad.substr(0, 120);
+    // Beside a good key it is skipped as malformed, and a token naming it is refused.
+    auto mixed = parse_jwks(R"({"keys":[)" + bad + "," + k.ec.jwk() + "]}");
+    ASSERT_TRUE(mixed) << mixed.error();
+    EXPECT_EQ(mixed->keys.size(), 1u);
+    EXPECT_EQ(mixed->malformed, 1u);
+  }
+  // 3 and 2^32 - 1 are accepted (odd, in range).
+  for (const std::string& ok : {with_member("e", "Aw"), with_member("e", "_____w")}) {
+    auto set = parse_jwks(R"({"keys":[)" + ok + "]}");
+    EXPECT_TRUE(set && set->keys.size() == 1u) << ok.substr(0, 120);
+  }
+}
+
 TEST(Jwks, EveryKeyUnderATokensKidIsTried) {
   // Two keys under one kid (an IdP reusing a kid in a rotation): only the first of the token's kind was tried.
   const auto& k = Keys::get();

@@ -1,0 +1,69 @@
+"""Credential-store fixes of stop 60 (docs/auth.md):
+
+- An RSA JWK is checked as RFC 8017 §3.1 asks (e odd, 3 <= e, and below 2^32; n odd): a key with e = 1
+  let anyone sign (the PKCS#1 v1.5 encoding of a token's hash is its own signature); it is skipped as
+  malformed, and a token naming it is a 401.
+- A token without a kid is checked against the first 4 keys of its kind, not every one: a JWKS of
+  thousands of keys made each unsigned token (no credential needed) seconds of a worker's time.
+- Two live Redis key records with one id: one key holds the id (the lower digest, on every replica),
+  the other is refused as invalid; they shared one rate limit and budget (key:<id>), even across tenants.
+  A revoked (rotated) holder gives the id to the other."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import time
+
+import httpx
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from conftest import wait_until
+from test_admission import MOCK_FLAGS, base_config, chat, ec_jwk
+
+
+def b64u(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def jwks_file(tmp_path, keys: list[dict]) -> str:
+    p = tmp_path / "jwks.json"
+    p.write_text(json.dumps({"keys": keys}))
+    return str(p)
+
+
+def jwt_cfg(m, path: str) -> dict:
+    cfg = base_config(m)
+    cfg["auth"]["jwt"] = {"issuer": "https://idp.test/", "audience": "weir", "jwks_file": path}
+    return cfg
+
+
+def claims() -> dict:
+    now = int(time.time())
+    return {"iss": "https://idp.test/", "aud": "weir", "sub": "u", "tenant": "acme", "iat": now, "exp": now + 600}
+
+
+def test_an_rsa_key_with_e_1_is_malformed_and_cannot_be_forged_with(mock, weir, tmp_path):
+    m = mock(*MOCK_FLAGS)
+    n = int.from_bytes(hashlib.sha512(b"n").digest() * 4, "big") | (1 << 2047) | 1  # any odd 2048-bit n
+    rsa_key = {"kty": "RSA", "n": b64u(n.to_bytes(256, "big")), "alg": "RS256", "use": "sig"}
+    keys = [dict(rsa_key, kid="e1", e="AQ"),  # 1
+            dict(rsa_key, kid="even", e="AQAA"),  # 65536
+            dict(rsa_key, kid="huge", e=b64u(b"\x01" + b"\x00" * 383 + b"\x01")),  # 3,073 bits
+            ec_jwk(ec.generate_private_key(ec.SECP256R1()), "good")]
+    w = weir(config=jwt_cfg(m, jwks_file(tmp_path, keys)))
+    # The forgery: with e = 1, s^e mod n = s, so the padded hash itself is the "signature".
+    head = b64u(json.dumps({"alg": "RS256", "kid": "e1", "typ": "JWT"}).encode())
+    si = head + "." + b64u(json.dumps(claims()).encode())
+    di = bytes.fromhex("3031300d060960864801650304020105000420") + hashlib.sha256(si.encode()).digest()
+    em = b"\x00\x01" + b"\xff" * (256 - 3 - len(di)) + b"\x00" + di
+    r = chat(w, si + "." + b64u(em))
+    assert r.status_code == 401, r.text
+    assert "the key `e1` is not usable" in r.json()["error"]["message"], r.text
+    # Each is named on stderr, with why.
+    wait_until(lambda: "RSA exponent e must be odd" in w.process.log(), 5, message="skipped keys on stderr")
+    lines = [ln for ln in w.process.log().splitlines() if "RSA exponent e must be odd" in ln]
+    for kid in ("e1", "even", "huge"):
+        assert any(kid in ln for ln in lines), lines
