@@ -99,8 +99,11 @@ struct VerifiedJwt {
 // every key with that kid and of the kind the token's alg requires is tried
 // (RFC 7517 §4.5 says kids SHOULD differ; identity providers reuse one
 // during some rotations): unknown_kid when the set has none with that kid,
-// unusable_key when it has only skipped ones; without a kid, each key of
-// that kind is tried.
+// unusable_key when it has only skipped ones; without a kid, the first
+// kMaxKeysWithoutKid keys of that kind (document order) are tried, so a
+// token no one signed costs a bounded number of verifications whatever the
+// set's size (bad_signature beyond them).
+inline constexpr std::size_t kMaxKeysWithoutKid = 4;
 tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys, const ClaimsPolicy& policy,
                                                WallTime now);
 

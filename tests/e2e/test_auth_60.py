@@ -67,3 +67,25 @@ def test_an_rsa_key_with_e_1_is_malformed_and_cannot_be_forged_with(mock, weir, 
     lines = [ln for ln in w.process.log().splitlines() if "RSA exponent e must be odd" in ln]
     for kid in ("e1", "even", "huge"):
         assert any(kid in ln for ln in lines), lines
+
+
+def test_a_token_without_a_kid_is_tried_against_the_first_keys_of_its_kind_only(mock, weir, tmp_path):
+    m = mock(*MOCK_FLAGS)
+    eds = [ed25519.Ed25519PrivateKey.generate() for _ in range(6)]
+    jwks = []
+    for i, k in enumerate(eds):
+        j = json.loads(jwt.algorithms.OKPAlgorithm.to_jwk(k.public_key()))
+        j.update({"kid": f"ed{i}", "alg": "EdDSA", "use": "sig"})
+        jwks.append(j)
+    w = weir(config=jwt_cfg(m, jwks_file(tmp_path, jwks)))
+    first = jwt.encode(claims(), eds[0], algorithm="EdDSA")  # no kid header
+    fourth = jwt.encode(claims(), eds[3], algorithm="EdDSA")
+    sixth = jwt.encode(claims(), eds[5], algorithm="EdDSA")
+    assert "kid" not in jwt.get_unverified_header(sixth)
+    assert chat(w, first).status_code == 200
+    assert chat(w, fourth).status_code == 200
+    r = chat(w, sixth)
+    assert r.status_code == 401, r.text
+    assert "first 4 keys for alg EdDSA" in r.json()["error"]["message"], r.text
+    # With its kid, the sixth key is found.
+    assert chat(w, jwt.encode(claims(), eds[5], algorithm="EdDSA", headers={"kid": "ed5"})).status_code == 200

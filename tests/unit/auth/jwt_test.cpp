@@ -354,6 +354,36 @@ TEST(Jwks, EveryKeyUnderATokensKidIsTried) {
   EXPECT_EQ(verify_jwt(ec_kid.token(claims()), *set, policy(), kNow).error().kind, JwtFailure::key_mismatch);
 }
 
+TEST(Jwks, ATokenWithoutAKidIsTriedAgainstTheFirstFewKeysOfItsKindOnly) {
+  // Every key of the kind was tried: a JWKS of 7,000 Ed25519 keys made each unsigned token a second of work.
+  std::vector<TestKey> eds;
+  for (int i = 0; i < 6; ++i) eds.push_back(TestKey::ed(""));
+  const auto& k = Keys::get();
+  std::string doc = R"({"keys":[)" + k.rsa.jwk();  // another kind first: not counted
+  for (const auto& e : eds) doc += "," + e.jwk();
+  doc += "]}";
+  const auto set = parse_jwks(doc);
+  ASSERT_TRUE(set) << set.error();
+  ASSERT_EQ(kMaxKeysWithoutKid, 4u);
+  for (std::size_t i = 0; i < eds.size(); ++i) {
+    auto r = verify_jwt(eds[i].token(claims()), *set, policy(), kNow);
+    if (i < kMaxKeysWithoutKid) {
+      EXPECT_TRUE(r) << i << ": " << r.error().message;
+    } else {
+      ASSERT_FALSE(r) << i;
+      EXPECT_EQ(r.error().kind, JwtFailure::bad_signature);
+      EXPECT_NE(r.error().message.find("first 4 keys for alg EdDSA"), std::string::npos) << r.error().message;
+    }
+  }
+  // With a kid, the key under it is found wherever it is.
+  TestKey named = TestKey::ed("named");
+  std::string doc2 = R"({"keys":[)";
+  for (const auto& e : eds) doc2 += e.jwk() + ",";
+  const auto set2 = parse_jwks(doc2 + named.jwk() + "]}");
+  ASSERT_TRUE(set2) << set2.error();
+  EXPECT_TRUE(verify_jwt(named.token(claims()), *set2, policy(), kNow));
+}
+
 TEST(Jwks, ATokenNamingASkippedKeyIsRefusedForThatNotAsAnUnknownKid) {
   // A published key Weir skips was silent, and its tokens counted as unknown kids: a refetch each.
   const auto& k = Keys::get();
