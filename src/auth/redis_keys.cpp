@@ -127,12 +127,58 @@ store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   auto reply = co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3],
                                                      kFields[4], kFields[5], kFields[6], kFields[7]});
   KeyLookup result;
+  std::string_view limits, budget;  // the record's fields, views into `reply`
   try {
-    result = interpret(reply);
+    result = interpret(reply, limits, budget);
   } catch (const std::exception& e) {  // a record this code did not foresee: refused, and its waiters answered
     log_invalid(fmt::format("a key record cannot be read ({}); requests with that key are refused", e.what()));
     result = KeyLookup{};
     result.status = KeyLookup::Status::invalid;
+  }
+  if (result.status == KeyLookup::Status::found) {
+    // An id names one key: of two live records claiming it, one is refused (before its limits are resolved,
+    // so it never touches the id's scope).
+    auto rec = std::const_pointer_cast<RedisKeyRecord>(result.record);
+    // (An expired record is refused as such by every worker: it claims nothing, and needs no scope.)
+    const bool expired =
+        rec->expires_at > 0 &&
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count() >=
+            rec->expires_at;
+    if (expired) {
+      release(digest);
+    } else if (const auto claimed = co_await claim(digest, rec->id); claimed != KeyLookup::Status::found) {
+      result = KeyLookup{};
+      result.status = claimed;
+    } else if (resolve_ && (!limits.empty() || !budget.empty())) {
+      if (std::string why = resolve_(*rec, limits, budget); !why.empty()) {
+        log_invalid(
+            fmt::format("the key record with id '{}' has invalid limits or budget ({}); requests with it are "
+                        "refused",
+                        rec->id.substr(0, 128), why));
+        release(digest);
+        result = KeyLookup{};
+        result.status = KeyLookup::Status::invalid;
+      }
+    }
+    // Names as the configuration's (core::name_text_error): the id, the tenant and the tier become metrics'
+    // label values and the access log's fields, where C1 controls or ill-formed UTF-8 would arrive as they are.
+    if (result.status == KeyLookup::Status::found) {
+      const std::pair<std::string_view, const std::string*> names[] = {
+          {kFields[0], &rec->id}, {kFields[1], &rec->tenant}, {kFields[3], &rec->tier}};
+      for (const auto& [field, value] : names)
+        if (std::string why = core::name_text_error(*value); !why.empty()) {
+          log_invalid(
+              fmt::format("the key record with id {}: its {} field is no name ({}); requests with it are "
+                          "refused",
+                          core::quoted_text(rec->id), field, why));
+          release(digest);
+          result = KeyLookup{};
+          result.status = KeyLookup::Status::invalid;
+          break;
+        }
+    }
+  } else if (result.status != KeyLookup::Status::unavailable) {
+    release(digest);  // revoked, deleted or invalid: it holds no id any more
   }
   switch (result.status) {
     case KeyLookup::Status::found:
@@ -150,7 +196,64 @@ store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   for (auto& done : node.mapped()) done(result);
 }
 
-KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
+store::Task<KeyLookup::Status> RedisKeys::claim(Sha256Digest digest, std::string id) {
+  using Status = KeyLookup::Status;
+  // (A few rounds: another lookup may change the owner while this one asks Redis about the last.)
+  for (int round = 0; round < 4; ++round) {
+    const auto it = id_owner_.find(id);
+    if (it == id_owner_.end() || it->second == digest) {
+      take(digest, id);
+      co_return Status::found;
+    }
+    const Sha256Digest other = it->second;
+    // Is the owner's record still a live one of this id (not revoked, deleted, renamed or expired)?
+    auto r = co_await client_->exec(
+        store::Command{"HMGET", redis_key(options_.key_prefix, other), kFields[0], kFields[4], kFields[5]});
+    if (!r && !(r.error().code == store::Errc::server && r.error().message.starts_with("WRONGTYPE")))
+      co_return Status::unavailable;
+    bool live = false;
+    if (r && r->type == store::Reply::Type::array && r->elements.size() == 3) {
+      const auto& e = r->elements;
+      const bool revoked = !e[1].is_nil() && !e[1].str.empty() && e[1].str != "0";
+      const std::int64_t expires = e[2].is_nil() || e[2].str.empty() ? 0 : e[2].as_int(1);
+      const std::int64_t now_s =
+          std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+      live = !e[0].is_nil() && e[0].str == id && !revoked && (expires == 0 || (expires > 0 && now_s < expires));
+    }
+    const auto again = id_owner_.find(id);
+    if (again == id_owner_.end() || again->second != other) continue;  // changed meanwhile: decide again
+    // Both live: the lower digest keeps the id, on every replica that has seen both, whichever it saw first.
+    if (live && other < digest) {
+      log_invalid(
+          fmt::format("the key record with id '{}' claims the id of another live key record; requests "
+                      "with it are refused (an id names one key: its limits, budget and logs)",
+                      id.substr(0, 128)));
+      co_return Status::invalid;
+    }
+    release(other);
+    take(digest, id);
+    co_return Status::found;
+  }
+  co_return Status::unavailable;
+}
+
+void RedisKeys::take(const Sha256Digest& digest, const std::string& id) {
+  if (auto d = id_of_.find(digest); d != id_of_.end() && d->second != id) {  // renamed: its old id is free
+    if (auto o = id_owner_.find(d->second); o != id_owner_.end() && o->second == digest) id_owner_.erase(o);
+  }
+  id_owner_[id] = digest;
+  id_of_[digest] = id;
+}
+
+void RedisKeys::release(const Sha256Digest& digest) {
+  const auto d = id_of_.find(digest);
+  if (d == id_of_.end()) return;
+  if (auto o = id_owner_.find(d->second); o != id_owner_.end() && o->second == digest) id_owner_.erase(o);
+  id_of_.erase(d);
+}
+
+KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r, std::string_view& limits,
+                               std::string_view& budget) {
   using Status = KeyLookup::Status;
   KeyLookup out;
   if (!r) {
@@ -218,25 +321,8 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   }
   // Empty: never. "0" is a time too (1970, as "1" is): expired, never read as "never".
   rec->expires_at = v[5].empty() ? 0 : std::max<std::int64_t>(a.elements[5].as_int(0), 1);
-  if (resolve_ && (!v[6].empty() || !v[7].empty())) {
-    if (std::string why = resolve_(*rec, v[6], v[7]); !why.empty()) {
-      log_invalid(
-          fmt::format("the key record with id '{}' has invalid limits or budget ({}); requests with it are "
-                      "refused",
-                      v[0].substr(0, 128), why));
-      out.status = Status::invalid;
-      return out;
-    }
-  }
-  // Names as the configuration's (core::name_text_error): the id, the tenant and the tier become metrics'
-  // label values and the access log's fields, where C1 controls or ill-formed UTF-8 would arrive as they are.
-  for (const int f : {0, 1, 3})
-    if (std::string why = core::name_text_error(v[f]); !why.empty()) {
-      log_invalid(fmt::format("the key record with id {}: its {} field is no name ({}); requests with it are refused",
-                              core::quoted_text(v[0]), kFields[f], why));
-      out.status = Status::invalid;
-      return out;
-    }
+  limits = v[6];  // resolved by fetch(), once the record holds its id; its names are checked there too
+  budget = v[7];
   out.status = Status::found;
   out.record = std::move(rec);
   return out;

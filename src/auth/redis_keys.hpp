@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio/associated_executor.hpp>
@@ -153,7 +154,15 @@ class RedisKeys {
  private:
   store::Task<void> fetch(Sha256Digest digest);
   void on_lookup(const Sha256Digest& digest, Done done);
-  KeyLookup interpret(const store::Result<store::Reply>& r);
+  // The record in `r`; `limits` and `budget` get its fields of those names (views into `r`).
+  KeyLookup interpret(const store::Result<store::Reply>& r, std::string_view& limits, std::string_view& budget);
+  // A found record of key `digest` claims `id`: found when the id is free, already this key's, or held by a
+  // record that is no longer a live one of that id (revoked, deleted, renamed, expired: a rotation) or by a
+  // live one with a higher digest (then this key takes it over); invalid (logged) when a live record with
+  // a lower digest holds it; unavailable when Redis did not answer that question.
+  store::Task<KeyLookup::Status> claim(Sha256Digest digest, std::string id);
+  void take(const Sha256Digest& digest, const std::string& id);
+  void release(const Sha256Digest& digest);  // a key found revoked, deleted or invalid holds no id
   void log_invalid(std::string_view what);
 
   boost::asio::io_context& control_;
@@ -163,6 +172,10 @@ class RedisKeys {
   std::unique_ptr<store::Client> client_;
   // Control-thread state.
   std::map<Sha256Digest, std::vector<Done>> inflight_;
+  // Which key holds each id (an id names one key: docs/auth.md, "One key per id"), and back: entries live
+  // while the key's last lookup found it.
+  std::unordered_map<std::string, Sha256Digest> id_owner_;
+  std::map<Sha256Digest, std::string> id_of_;
   bool running_ = false;
   std::chrono::steady_clock::time_point last_invalid_log_{};
   std::uint64_t invalid_suppressed_ = 0;

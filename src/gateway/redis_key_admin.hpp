@@ -37,7 +37,8 @@ class RedisKeyAdmin {
   // (`limits`, `budget` or `expires_at` that do not read), are not listed,
   // found or changed. An id that several records share (keys written by
   // hand) is one key here: update, revoke and rotate change every record of
-  // it; get answers the oldest.
+  // it; get answers the oldest. (Requests accept one of them, the lower
+  // SHA-256: docs/auth.md, "One key per id".)
   core::Task<AdminResult<KeyStore::Change>> create(boost::json::object body, std::int64_t now_s);
   core::Task<AdminResult<std::vector<KeyRecord>>> list();
   core::Task<AdminResult<KeyRecord>> get(std::string id);

@@ -89,3 +89,67 @@ def test_a_token_without_a_kid_is_tried_against_the_first_keys_of_its_kind_only(
     assert "first 4 keys for alg EdDSA" in r.json()["error"]["message"], r.text
     # With its kid, the sixth key is found.
     assert chat(w, jwt.encode(claims(), eds[5], algorithm="EdDSA", headers={"kid": "ed5"})).status_code == 200
+
+
+# --- One key per id (keys in Redis) ---
+
+def sha(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def redis_cfg(m, redis) -> dict:
+    cfg = base_config(m)
+    cfg["tenants"]["gamma"] = {}
+    cfg["auth"].update({"redis_keys": True, "key_cache_ttl": "300ms", "key_negative_ttl": "100ms"})
+    cfg["redis"] = {"url": redis.url, "key_prefix": f"w60-{redis.port}:"}
+    return cfg
+
+
+def ordered_secrets() -> tuple[str, str]:
+    """Two secrets, the one with the lower SHA-256 first."""
+    a, b = "sk-dup-one", "sk-dup-two"
+    return (a, b) if sha(a) < sha(b) else (b, a)
+
+
+def put(redis, secret: str, *fields: str):
+    assert redis.cli("HSET", f"w60-{redis.port}:key:{sha(secret)}", *fields).startswith(b":")
+
+
+def test_a_second_live_record_with_a_keys_id_is_refused_not_given_its_limits(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=redis_cfg(m, redis))
+    low, high = ordered_secrets()
+    limits = '{"requests_per_minute": 3}'
+    put(redis, low, "id", "dup", "tenant", "acme", "limits", limits)
+    put(redis, high, "id", "dup", "tenant", "gamma", "limits", limits)
+    assert chat(w, low).status_code == 200
+    assert chat(w, low).status_code == 200
+    # Another tenant's record under the same id: it took the first's limit (and budget), key:dup.
+    r = chat(w, high)
+    assert r.status_code == 401, r.text
+    wait_until(lambda: "claims the id of another live key record" in w.process.log(), 5,
+               message="the refused record logged")
+    assert chat(w, low).status_code == 200  # the holder is untouched (its third request of three)
+    # A rotation: the holder is revoked, the other record takes the id over, and its limit (the key's) goes on.
+    put(redis, low, "revoked", "1")
+    wait_until(lambda: chat(w, low).status_code == 401, 5, message="revoked key refused")
+    wait_until(lambda: chat(w, high).status_code != 401, 5, message="the other record takes the id")
+    assert chat(w, high).status_code == 429
+
+
+def test_the_lower_digest_holds_the_id_whichever_a_replica_saw_first(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=redis_cfg(m, redis))
+    low, high = ordered_secrets()
+    put(redis, high, "id", "twin", "tenant", "gamma", "limits", '{"requests_per_minute": 100}')
+    assert chat(w, high).status_code == 200
+    put(redis, low, "id", "twin", "tenant", "acme", "limits", '{"requests_per_minute": 100}')
+    assert chat(w, low).status_code == 200  # takes the id over
+    # Once its cached answer expires, the higher one is refused: the same choice every replica makes.
+    wait_until(lambda: chat(w, high).status_code == 401, 5, message="the higher digest refused")
+    assert chat(w, low).status_code == 200
+    # Without limits too: an id names one key in the logs and metrics as well.
+    put(redis, high, "id", "plain", "tenant", "acme")
+    put(redis, low, "id", "plain", "tenant", "acme")
+    assert chat(w, low).status_code == 200
+    assert chat(w, high).status_code == 401
