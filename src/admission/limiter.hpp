@@ -277,6 +277,14 @@ class Limiter {
   // limit starts full). A configuration reload carries a tenant or key whose
   // limits or budget changed this way.
   virtual void carry(std::uint32_t from, std::uint32_t to, Instant now) { carry_spend(from, to, now); }
+  // grow() by the one scope `info`, as scope scope_count(); false when full. The default builds the list
+  // grow() takes (O(scopes)); LocalLimiter and RedisLimiter add the one scope alone (O(1): a key in Redis
+  // with limits of its own costs the same whichever its number).
+  virtual bool append_scope(const auth::ScopeInfo& info) {
+    std::vector<auth::ScopeInfo> scopes(scope_count() + 1);  // grow() reads only the entries past scope_count()
+    scopes.back() = info;
+    return grow(scopes);
+  }
   // Whether grow() can add scopes (LocalLimiter and RedisLimiter: yes).
   virtual bool grows() const noexcept { return false; }
   // Scopes this limiter holds (0 when it does not grow); the next scope
@@ -308,9 +316,7 @@ class Limiter {
   std::optional<std::uint32_t> add_scope(const auth::ScopeInfo& info) {
     if (!grows()) return std::nullopt;
     const std::uint32_t n = scope_count();
-    std::vector<auth::ScopeInfo> scopes(n + 1);  // grow() reads only the entries past scope_count()
-    scopes[n] = info;
-    if (!grow(scopes)) return std::nullopt;
+    if (!append_scope(info)) return std::nullopt;
     return n;
   }
 

@@ -72,6 +72,16 @@ bool LocalLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
   return true;
 }
 
+bool LocalLimiter::append_scope(const auth::ScopeInfo& info) {
+  const std::size_t i = scope_count_;
+  if (i >= kMaxScopes) return false;
+  auto& chunk = chunks_[i / kChunk];
+  if (!chunk) chunk = std::make_unique<Scope[]>(kChunk);
+  init(chunk[i % kChunk], info);
+  scope_count_ = i + 1;
+  return true;
+}
+
 void LocalLimiter::reset_scope(std::uint32_t scope, const auth::ScopeInfo& info) {
   if (scope >= scope_count_) return;
   // Nothing holds it (Limiter::adopt): no worker reads it until the policy

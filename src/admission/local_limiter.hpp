@@ -89,6 +89,7 @@ class LocalLimiter final : public Limiter {
   std::int64_t spent(std::uint32_t scope, Instant now) override;
   // Up to kMaxScopes in all; scopes live in chunks that never move.
   bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
+  bool append_scope(const auth::ScopeInfo& info) override;
   void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
   void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
   bool grows() const noexcept override { return true; }

@@ -68,20 +68,36 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
 
 bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
   if (scopes.size() > kMaxScopes) return false;
+  for (std::size_t i = scope_count_; i < scopes.size(); ++i) init_scope(i, scopes[i]);
+  scope_count_ = std::max(scope_count_, scopes.size());
+  return true;
+}
+
+bool RedisLimiter::append_scope(const auth::ScopeInfo& info) {
+  const std::size_t i = scope_count_;
+  if (i >= kMaxScopes) return false;
+  if (!fallback_->append_scope(scaled({info}, config_.fail_open_share)[0])) return false;
+  init_scope(i, info);
+  scope_count_ = i + 1;
+  if (loop_->running) wake();  // as grow(): a new budget is read at once
+  return true;
+}
+
+void RedisLimiter::init_scope(std::size_t i, const auth::ScopeInfo& info) {
   const double window_min = static_cast<double>(config_.lease_window.count()) / 60000.0;
   const bool outage = degraded_.load(std::memory_order_relaxed) && config_.fail_open;
-  for (std::size_t i = scope_count_; i < scopes.size(); ++i) {
+  {
     auto& chunk = chunks_[i / kChunk];
     if (!chunk) chunk = std::make_unique<ScopeState[]>(kChunk);
     ScopeState& st = chunk[i % kChunk];
-    const auto& l = scopes[i].limits;
+    const auto& l = info.limits;
     st.member = fmt::format("{}/{}", replica_id_, i);
     const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
     const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
     for (int b = 0; b < 2; ++b) {
       Spec& s = st.spec[b];
       LeaseCtl& c = st.lease_ctl[b];
-      c.key = config_.key_prefix + "rl:" + scopes[i].name + (b == 0 ? ":req" : ":tok");
+      c.key = config_.key_prefix + "rl:" + info.name + (b == 0 ? ":req" : ":tok");
       s.enabled = rates[b] > 0;
       if (!s.enabled) continue;
       s.rate_per_min = static_cast<double>(rates[b]);
@@ -97,7 +113,7 @@ bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
     }
     st.max_streams = static_cast<std::int64_t>(l.max_concurrent_streams);
     SlotsCtl& sc = st.slots_ctl;
-    sc.key = config_.key_prefix + "slots:" + scopes[i].name;
+    sc.key = config_.key_prefix + "slots:" + info.name;
     if (st.max_streams > 0) {
       const auto m = static_cast<double>(st.max_streams);
       sc.headroom = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(m * config_.lease_max_share)));
@@ -109,21 +125,19 @@ bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
       }
     }
     SpendCtl& pc = st.spend_ctl;
-    pc.enabled = scopes[i].budget.any();
-    pc.key = config_.key_prefix + "budget:" + scopes[i].name;
-    pc.limit = scopes[i].budget.limit_nano_usd;
+    pc.enabled = info.budget.any();
+    pc.key = config_.key_prefix + "budget:" + info.name;
+    pc.limit = info.budget.limit_nano_usd;
     pc.remaining = pc.limit;
-    pc.period_ms = scopes[i].budget.period.count();
-    pc.calendar = static_cast<int>(scopes[i].budget.calendar);
-    pc.offset_ms = std::int64_t{scopes[i].budget.utc_offset_s} * 1000;
+    pc.period_ms = info.budget.period.count();
+    pc.calendar = static_cast<int>(info.budget.calendar);
+    pc.offset_ms = std::int64_t{info.budget.utc_offset_s} * 1000;
     // Before the first reply nobody is known to hold any of the budget: a reservation waits for that reply
     // (`pending`). It is no spare an outage may hand out (enter_degraded): during an outage a budget Redis
     // never answered for has nothing to reserve from, and its requests get 503 (reserve_spend) unless a
     // reload carried the allowance of the scope it replaces (carry_allowance).
     st.spend.spare.store(outage ? 0 : pc.limit, std::memory_order_relaxed);
   }
-  scope_count_ = std::max(scope_count_, scopes.size());
-  return true;
 }
 
 bool RedisLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
@@ -586,6 +600,8 @@ RedisLimiter::Stats RedisLimiter::stats() const noexcept {
   s.key_errors = key_errors_.load(std::memory_order_relaxed);
   s.key_resets = key_resets_.load(std::memory_order_relaxed);
   s.evicting = evicting_.load(std::memory_order_relaxed);
+  s.walks = walks_.load(std::memory_order_relaxed);
+  s.scopes_walked = scopes_walked_.load(std::memory_order_relaxed);
   return s;
 }
 

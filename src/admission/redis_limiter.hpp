@@ -135,6 +135,7 @@ class RedisLimiter final : public Limiter {
   // budget with that key on every other replica; its first budget
   // reservation waits for one sync. False past kMaxScopes.
   bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
+  bool append_scope(const auth::ScopeInfo& info) override;
   // Scopes `from` and `to` share a name, hence their state in Redis: the
   // fail-open fallback's local state is carried, and, when the budget's
   // period changed (another count in Redis), this replica's settled spend.
@@ -170,6 +171,8 @@ class RedisLimiter final : public Limiter {
     std::uint64_t fallback_takes = 0;  // takes answered by the local fallback
     std::uint64_t key_errors = 0;      // script calls failed by one key's data (key_data_error): no outage
     std::uint64_t key_resets = 0;      // keys the scripts found unusable and reset (wrong type, bad fields)
+    std::uint64_t walks = 0;           // syncs' walks of the scopes (plan_walk)
+    std::uint64_t scopes_walked = 0;   // scopes those walks visited
     // Redis's maxmemory-policy evicts keys (anything but noeviction): virtual keys, budgets and
     // buckets can vanish under memory pressure (docs/admission.md). Checked once per connection.
     bool evicting = false;
@@ -214,12 +217,21 @@ class RedisLimiter final : public Limiter {
   void log_line(std::string_view msg, bool always) const;
   // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).
   bool add_scopes(const std::vector<auth::ScopeInfo>& scopes);
+  void init_scope(std::size_t i, const auth::ScopeInfo& info);  // scope i's state (add_scopes, append_scope)
   // carry()'s part for a budget whose period changed (another hash in Redis).
   void carry_period_spend(std::uint32_t from, std::uint32_t to);
   // carry()'s part during an outage: the budget's unreserved allowance moves from `from` to `to`.
   void carry_allowance(std::uint32_t from, std::uint32_t to);
   void supersede_slots(std::uint32_t from, std::uint32_t to);
   ScopeState& at(std::uint32_t scope) const noexcept;
+  // The sync's walk: every scope on a full walk (every full_walk_every(), during an outage, the final
+  // sync), else the scopes the last walk found busy, those a refill named since and those added since.
+  // A quiet scope (quiet()) has nothing to sync until a request uses it, which its refill says; thousands
+  // of idle keys in Redis with limits cost one walk of them a second, not one every sync_interval.
+  void plan_walk(bool full, Instant now);
+  // Holds, owes and wants nothing, unused for lease_idle, its budget pushed: nothing for a sync to do.
+  bool quiet(std::uint32_t scope, Instant now) const noexcept;
+  std::chrono::milliseconds full_walk_every() const noexcept;
   double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;
   double ns(Instant t) const noexcept;
 
@@ -247,6 +259,13 @@ class RedisLimiter final : public Limiter {
   std::uint64_t policy_checked_ = 0;  // the client's connection count when check_eviction() last got an answer
   std::string policy_warned_;         // the evicting policy last warned of (empty: none)
   std::vector<std::function<void()>> waiters_;
+  // The walk (control thread): see plan_walk().
+  std::vector<std::uint32_t> visit_;  // this sync's scopes (its storage reused)
+  std::vector<std::uint32_t> busy_;   // scopes the last walk did not find quiet
+  std::vector<std::uint32_t> woken_;  // scopes refills named since the last walk
+  std::size_t walked_ = 0;            // scope_count_ at the last walk: scopes past it are new
+  std::uint64_t walk_no_ = 0;
+  Instant next_full_walk_{};
   // Requests waiting for a stream slot that another replica holds idle: kept
   // across syncs (each re-asks) until a slot came, the cap is full of
   // streams in flight, or `until` (a few renewals of the holder).
@@ -262,7 +281,7 @@ class RedisLimiter final : public Limiter {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> evicting_{false};
   std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0}, refills_{0},
-      fallback_takes_{0}, key_errors_{0}, key_resets_{0};
+      fallback_takes_{0}, key_errors_{0}, key_resets_{0}, walks_{0}, scopes_walked_{0};
 };
 
 }  // namespace weir::admission

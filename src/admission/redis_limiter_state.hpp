@@ -151,6 +151,9 @@ struct RedisLimiter::ScopeState {
   // period carries it too (carry_period_spend).
   static constexpr std::uint32_t kNoScope = 0xffffffffu;
   std::atomic<std::uint32_t> continues{kNoScope};
+  // Control thread: the sync's walk that last visited this scope, and the last one that sent it a command.
+  std::uint64_t visited = 0;
+  std::uint64_t sent = 0;
 };
 
 struct RedisLimiter::Loop {

@@ -76,6 +76,7 @@ void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) 
   for (std::uint8_t k = 0; k < need.count && k < Shortfall::kMax; ++k) {
     const Need& n = need.needs[k];
     if (n.scope >= scope_count_) continue;
+    woken_.push_back(n.scope);  // walked by the next sync, quiet or not
     if (n.what == Resource::streams) {
       at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
       streams = streams || at(n.scope).max_streams > 0;
@@ -178,6 +179,66 @@ store::Task<void> RedisLimiter::check_eviction() {
       policy.starts_with("volatile") ? " that have a TTL" : ""));
 }
 
+std::chrono::milliseconds RedisLimiter::full_walk_every() const noexcept {
+  // Often enough that a quiet budget's spend is re-seeded every slot_ttl / 3 (twice over), and a want a
+  // refused request left without a refill is seen within a second.
+  return std::max(config_.sync_interval,
+                  std::min<std::chrono::milliseconds>(std::chrono::seconds(1), config_.slot_ttl / 6));
+}
+
+void RedisLimiter::plan_walk(bool full, Instant now) {
+  ++walk_no_;
+  visit_.clear();
+  const auto add = [this](std::uint32_t s) {
+    if (s >= scope_count_ || at(s).visited == walk_no_) return;
+    at(s).visited = walk_no_;
+    visit_.push_back(s);
+  };
+  if (full) {
+    for (std::uint32_t s = 0; s < scope_count_; ++s) add(s);
+    next_full_walk_ = now + full_walk_every();
+  } else {
+    for (const std::uint32_t s : busy_) add(s);
+    for (const std::uint32_t s : woken_) add(s);
+    for (auto s = static_cast<std::uint32_t>(walked_); s < scope_count_; ++s) add(s);
+  }
+  woken_.clear();
+  walked_ = scope_count_;
+  walks_.fetch_add(1, std::memory_order_relaxed);
+  scopes_walked_.fetch_add(visit_.size(), std::memory_order_relaxed);
+}
+
+bool RedisLimiter::quiet(std::uint32_t i, Instant now) const noexcept {
+  const ScopeState& st = at(i);
+  const auto idle = [&](Instant last_used) { return now - last_used >= config_.lease_idle; };
+  constexpr auto rx = std::memory_order_relaxed;
+  for (int b = 0; b < 2; ++b) {
+    if (!st.spec[b].enabled) continue;
+    const Lease& l = st.lease[b];
+    const LeaseCtl& c = st.lease_ctl[b];
+    if (l.units.load(rx) != 0 || c.seen != 0 || l.wanted.load(rx) || c.waiting > 0 || !idle(c.last_used) ||
+        now < c.keep_until)
+      return false;
+  }
+  if (st.max_streams > 0) {
+    const Slots& s = st.slots;
+    const SlotsCtl& c = st.slots_ctl;
+    if (s.allowance.load(rx) != 0 || s.free.load(rx) != 0 || s.wanted.load(rx) || s.superseded.load(rx) ||
+        c.waiting > 0 || c.told_want != 0 || c.told_demand != 0 || c.recorded != 0 || !idle(c.last_used) ||
+        now < c.keep_until)
+      return false;
+  }
+  if (st.spend_ctl.enabled) {
+    const Spend& sp = st.spend;
+    const SpendCtl& c = st.spend_ctl;
+    if (c.idx < 0 || c.allowance != 0 || sp.in_use.load(rx) > 0 || sp.wanted.load(rx) || sp.touched.load(rx) ||
+        sp.mine.load(rx) != c.pushed || c.waiting > 0 || !idle(c.last_used) || now >= c.period_end ||
+        now < c.keep_until)
+      return false;
+  }
+  return true;
+}
+
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   struct Op {
     enum class Kind : std::uint8_t { lease, slots, spend, probe } kind;
@@ -194,6 +255,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   waiters_.clear();
   auto slot_waiters = std::move(slot_waiters_);
   slot_waiters_.clear();
+  plan_walk(final_sync || deg || now >= next_full_walk_, now);
   std::vector<store::Command> cmds;
   std::vector<Op> ops;
   auto str = [](auto v) { return fmt::format("{}", v); };
@@ -207,7 +269,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   // scope's configured lease is one request).
   const double horizon = 2 * loop_->rtt_s + std::chrono::duration<double>(config_.sync_interval).count();
   if (!deg || final_sync) {
-    for (std::uint32_t i = 0; i < scope_count_ * 2; ++i) {
+    for (std::uint32_t v = 0; v < visit_.size() * 2; ++v) {
+      const std::uint32_t i = visit_[v / 2] * 2 + v % 2;
       const Spec& s = at(i / 2).spec[i % 2];
       if (!s.enabled) continue;
       Lease& l = at(i / 2).lease[i % 2];
@@ -260,7 +323,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   // another replica is starved and shrinks to its fair share (slots.lua).
   const auto busy_renew =
       std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
-  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+  for (const std::uint32_t i : visit_) {
     const std::int64_t limit = at(i).max_streams;
     if (limit == 0) continue;
     Slots& s = at(i).slots;
@@ -330,7 +393,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   // Budgets: push this replica's settled spend, renew its allowance for
   // reservations (top up below half the headroom, give back above twice it),
   // read the others' spend.
-  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+  for (const std::uint32_t i : visit_) {
     SpendCtl& c = at(i).spend_ctl;
     if (!c.enabled) continue;
     Spend& sp = at(i).spend;
@@ -438,6 +501,12 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     }
     ops.push_back(Op{Op::Kind::probe, 0});
   }
+  // The next partial walk's scopes: those this one sent a command (its answer changes them) or did not find quiet.
+  for (const Op& op : ops)
+    if (op.kind != Op::Kind::probe) at(op.kind == Op::Kind::lease ? op.i / 2 : op.i).sent = walk_no_;
+  busy_.clear();
+  for (const std::uint32_t i : visit_)
+    if (at(i).sent == walk_no_ || !quiet(i, now)) busy_.push_back(i);
   if (cmds.empty()) {
     for (auto& w : waiters) w();
     settle_slot_waiters(std::move(slot_waiters), final_sync, grace);
@@ -510,6 +579,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     syncs_.fetch_add(1, std::memory_order_relaxed);
     const double rtt = std::chrono::duration<double>(replied - sent).count();
     loop_->rtt_s = rtt >= loop_->rtt_s ? rtt : loop_->rtt_s + (rtt - loop_->rtt_s) * 0.1;
+    if (deg) next_full_walk_ = Instant{};  // after an outage, every scope at once (re-seeds, renewals)
     leave_degraded();
   } else {
     sync_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -644,6 +714,7 @@ void RedisLimiter::settle_slot_waiters(std::vector<SlotWaiter> waiters, bool all
     for (std::uint8_t k = 0; k < w.need.count && k < Shortfall::kMax; ++k) {
       const Need& n = w.need.needs[k];
       if (n.scope >= scope_count_) continue;
+      woken_.push_back(n.scope);
       if (n.what == Resource::streams) {
         at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
       } else if (n.what == Resource::budget) {
