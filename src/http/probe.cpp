@@ -39,6 +39,26 @@ void close_at_deadline(Timer& deadline, const std::shared_ptr<Socket>& sock, con
   });
 }
 
+// Connects `sock` to `a`, closing it at `until` if the connect is still
+// under way then (a try out of time: the socket closed, as
+// close_at_deadline leaves it). (References: see probe.hpp on GCC 12.)
+Task<boost::system::error_code> connect_until(Executor ex, const std::shared_ptr<Socket>& sock, const tcp::endpoint& a,
+                                              const std::chrono::steady_clock::time_point& until) {
+  Timer timer(ex);
+  auto done = std::make_shared<bool>(false);
+  timer.expires_at(until);
+  timer.async_wait([weak = std::weak_ptr<Socket>(sock), done](boost::system::error_code ec) {
+    if (ec || *done) return;
+    if (auto s = weak.lock()) {
+      boost::system::error_code ignored;
+      s->close(ignored);
+    }
+  });
+  auto [ec] = co_await sock->async_connect(a, use_task);
+  *done = true;
+  co_return ec;
+}
+
 // The probe's request: GET `r.path`, Connection: close, the pool's key when it has one.
 std::string probe_request(const ProbeRequest& r, std::string_view agent, std::string_view accept) {
   std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\n", r.path, r.host_header, agent);
@@ -171,15 +191,30 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
   Timer deadline(ex);
   close_at_deadline(deadline, sock, r);
   int result = 0;
-  auto [cec] = co_await sock->async_connect(r.addr, use_task);
+  // Each address within an equal share of what is left of the deadline (routing::connect_share, the request
+  // path's rule): one refused, unreachable or silent leaves the others their turn. One address: the whole of it.
+  using Clock = std::chrono::steady_clock;
+  const auto end = deadline.expiry();
+  std::size_t tries = 1;
+  for (const auto& other : r.others) tries += other == r.addr ? 0 : 1;
+  auto share_end = [&]() -> Clock::time_point {
+    return tries > 1 ? Clock::now() + (end - Clock::now()) / static_cast<std::int64_t>(tries) : end;
+  };
+  boost::system::error_code cec;
+  if (tries == 1)
+    std::tie(cec) = co_await sock->async_connect(r.addr, use_task);
+  else
+    cec = co_await connect_until(ex, sock, r.addr, share_end());
   for (const auto& other : r.others) {
-    const bool nobody = cec == asio::error::connection_refused || cec == asio::error::network_unreachable ||
-                        cec == asio::error::host_unreachable;
-    if (!nobody || !sock->is_open() || deadline.expiry() <= std::chrono::steady_clock::now()) break;
     if (other == r.addr) continue;
+    const bool nobody = cec == asio::error::connection_refused || cec == asio::error::network_unreachable ||
+                        cec == asio::error::host_unreachable ||
+                        (!sock->is_open() && !is_local_shortage(cec));  // (its share ran out: closed)
+    if (!nobody || Clock::now() >= end) break;
+    --tries;
     boost::system::error_code ignored;
     sock->close(ignored);
-    std::tie(cec) = co_await sock->async_connect(other, use_task);
+    cec = co_await connect_until(ex, sock, other, share_end());
   }
   if (is_local_shortage(cec)) {
     // (socket(2) failed: the socket never opened, so this is no timeout either.)

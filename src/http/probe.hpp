@@ -47,7 +47,8 @@ enum class ProbeResult : std::uint8_t {
 struct ProbeRequest {
   tcp::endpoint addr;
   // The host's other addresses (routing::connect_endpoint's rule): tried in
-  // order while a connect is refused or unreachable, within the timeout.
+  // order while a connect is refused, unreachable or out of its share of
+  // the timeout (each address an equal share of what is left; routing::connect_share).
   std::span<const tcp::endpoint> others;
   std::string_view host_header;              // "host:port" as sent in Host
   std::string_view path;                     // e.g. "/health"

@@ -53,24 +53,42 @@ struct EndpointState {
 void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view reason,
                      std::chrono::steady_clock::time_point now);
 
+// The connect timeout of one try at an address when `remaining` of the
+// connect timeout is left for `tries` addresses, this one included: an equal
+// share (Go's net.Dialer rule), at least 1 ms. A refused try takes next to
+// nothing of its share, so the ones after it get the more.
+constexpr std::chrono::milliseconds connect_share(std::chrono::milliseconds remaining, std::size_t tries) {
+  const auto share = tries > 1 ? remaining / static_cast<std::int64_t>(tries) : remaining;
+  return share.count() < 1 ? std::chrono::milliseconds(1) : share;
+}
+
 // Connects `x` (an http::Exchange or UpstreamExchange: connect(address,
-// tls, timeout)) to endpoint `e`, each try within `timeout`: its current
-// address, then, while nothing listens there (connect_refused: refused or
-// unreachable), each other address its host name resolved to, in order.
+// tls, timeout)) to endpoint `e` within `timeout` in all: its current
+// address, then, while one is refused or unreachable (connect_refused) or
+// does not answer within its share of the timeout (connect_timeout;
+// connect_share), each other address its host name resolved to, in order.
 // The one that answers becomes the endpoint's address for this worker, so
 // a name such as localhost (::1 and 127.0.0.1) reaches a server listening
-// on one of them, as curl and Go's net/http do. A timeout is not tried
-// elsewhere: it spent the connect budget. Returns the last try's outcome.
+// on one of them, and a name with one dead address (a host down, packets
+// dropped) reaches the others, as curl and Go's net/http do. A host with one
+// address gets the whole timeout. Returns the last try's outcome.
 template <class Exchange>
 core::Task<http::UpstreamFailure> connect_endpoint(Exchange& x, EndpointState& e, std::chrono::milliseconds timeout) {
-  auto f = co_await x.connect(e.addr, e.tls, timeout);
-  if (f != http::UpstreamFailure::connect_refused || e.addresses.size() < 2) co_return f;
+  if (e.addresses.size() < 2) co_return co_await x.connect(e.addr, e.tls, timeout);
+  using Clock = std::chrono::steady_clock;
+  const auto end = Clock::now() + timeout;
+  auto left = [&] { return std::chrono::ceil<std::chrono::milliseconds>(end - Clock::now()); };
   const http::tcp::endpoint first = e.addr;
+  std::size_t tries = 1;
+  for (const auto& a : e.addresses) tries += a == first ? 0 : 1;
+  auto f = co_await x.connect(first, e.tls, connect_share(timeout, tries--));
   for (const auto& a : e.addresses) {
+    if (f != http::UpstreamFailure::connect_refused && f != http::UpstreamFailure::connect_timeout) break;
     if (a == first) continue;
-    f = co_await x.connect(a, e.tls, timeout);
+    const auto remaining = left();
+    if (remaining.count() <= 0) break;
+    f = co_await x.connect(a, e.tls, connect_share(remaining, tries--));
     if (f == http::UpstreamFailure::none) e.addr = a;
-    if (f != http::UpstreamFailure::connect_refused) break;
   }
   co_return f;
 }

@@ -201,11 +201,15 @@ namespace {
 struct MultiAddressExchange {
   std::vector<http::tcp::endpoint> listening;  // addresses that accept
   std::vector<http::tcp::endpoint> tried;
-  bool time_out = false;  // every address times out
+  bool time_out = false;                       // every address times out
+  std::vector<http::tcp::endpoint> silent;     // addresses that time out
+  std::vector<std::chrono::milliseconds> got;  // each try's timeout
   core::Task<http::UpstreamFailure> connect(const http::tcp::endpoint& a, const http::TlsTarget&,
-                                            std::chrono::milliseconds) {
+                                            std::chrono::milliseconds timeout) {
     tried.push_back(a);
-    if (time_out) co_return http::UpstreamFailure::connect_timeout;
+    got.push_back(timeout);
+    if (time_out || std::find(silent.begin(), silent.end(), a) != silent.end())
+      co_return http::UpstreamFailure::connect_timeout;
     co_return std::find(listening.begin(), listening.end(), a) != listening.end()
         ? http::UpstreamFailure::none
         : http::UpstreamFailure::connect_refused;
@@ -243,8 +247,42 @@ TEST(WorkerPool, AConnectRefusedTriesTheHostsOtherAddressesAndKeepsTheOneThatAns
   x = MultiAddressExchange{};
   EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_refused);
   EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4, v6}));
-  // A timeout spent the connect budget: not tried elsewhere.
+  // Every address silent: each tried within its share of the one connect timeout (1 s), and the timeout is
+  // what the request gets.
   x = MultiAddressExchange{.time_out = true};
   EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_timeout);
-  EXPECT_EQ(x.tried.size(), 1u);
+  EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4, v6}));
+  ASSERT_EQ(x.got.size(), 2u);
+  EXPECT_EQ(x.got[0], std::chrono::milliseconds(500));   // half of the second for the first of two
+  EXPECT_LE(x.got[1], std::chrono::milliseconds(1000));  // what is left (the fake took none of it)
+  EXPECT_GE(x.got[1], std::chrono::milliseconds(900));
+}
+
+TEST(WorkerPool, AConnectTimeoutOnOneAddressMovesToTheNextWithinTheConnectTimeout) {
+  auto cfg = config("pools: {a: {endpoints: [http://dual:8000]}}\ndefault_pool: a\n");
+  routing::SharedPoolState shared(cfg.pools[0]);
+  const http::tcp::endpoint v6(boost::asio::ip::make_address("::1"), 8000),
+      v4(boost::asio::ip::make_address("127.0.0.1"), 8000), v4b(boost::asio::ip::make_address("127.0.0.2"), 8000);
+  shared.addresses = {{v6, v4, v4b}};
+  routing::WorkerPool pool(cfg.pools[0], {v6}, &shared);
+  auto& e = pool.endpoint(0);
+  // ::1 drops the SYNs (a host down): its third of the timeout, then 127.0.0.1, which answers and is kept.
+  MultiAddressExchange x{.listening = {v4}, .silent = {v6}};
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::none);
+  EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v6, v4}));
+  EXPECT_EQ(x.got.front(), std::chrono::milliseconds(333));
+  EXPECT_EQ(e.addr, v4);
+  // One address: the whole timeout, as before.
+  routing::WorkerPool one(cfg.pools[0], {v6}, nullptr);
+  MultiAddressExchange y{.silent = {v6}};
+  EXPECT_EQ(connect_through(y, one.endpoint(0)), http::UpstreamFailure::connect_timeout);
+  EXPECT_EQ(y.got, (std::vector<std::chrono::milliseconds>{std::chrono::seconds(1)}));
+}
+
+TEST(WorkerPool, ConnectShareSplitsWhatIsLeftEvenly) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(routing::connect_share(milliseconds(2000), 1), milliseconds(2000));
+  EXPECT_EQ(routing::connect_share(milliseconds(2000), 2), milliseconds(1000));
+  EXPECT_EQ(routing::connect_share(milliseconds(2000), 0), milliseconds(2000));
+  EXPECT_EQ(routing::connect_share(milliseconds(2), 5), milliseconds(1));  // never 0
 }
