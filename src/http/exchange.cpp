@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <tuple>
 
@@ -12,6 +13,8 @@
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/http/read.hpp>
 
 namespace weir::http {
@@ -102,6 +105,34 @@ Task<bool> Exchange::await_end(std::span<char> scratch) {
   co_return done();
 }
 
+namespace {
+
+// Writes what is left of `bufs` past its first `done` bytes on `stream`,
+// step by step, moving `watchdog`'s deadline to `stall` past each step that
+// moved bytes: a slow upload goes on for as long as the upstream takes it,
+// one that stops is timed out. Returns the error (none when written whole)
+// and the bytes of `bufs` written in all. (References: GCC 12 miscopies
+// coroutine parameters passed by value on the stack.)
+template <class Stream>
+Task<std::tuple<error_code, std::size_t>> write_watched(Stream& stream, const std::array<asio::const_buffer, 2>& bufs,
+                                                        const std::size_t& done, core::Watchdog& watchdog,
+                                                        const std::chrono::milliseconds& stall) {
+  boost::beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(bufs);
+  rest.consume(done);
+  std::size_t n = done;
+  const std::size_t total = asio::buffer_size(bufs);
+  while (n < total) {
+    auto [ec, k] = co_await stream.async_write_some(rest, use_task);
+    n += k;
+    rest.consume(k);
+    if (ec) co_return std::tuple{ec, n};
+    if (k > 0 && n < total) watchdog.expires_after(stall);
+  }
+  co_return std::tuple{error_code(), n};
+}
+
+}  // namespace
+
 Task<UpstreamFailure> Exchange::start(const Request& r) {
   idle_ = r.idle;
   head_bytes_ = 0;
@@ -117,24 +148,30 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   head_too_large_ = false;
   written_whole_ = false;
   chunks_on_ = false;
-  // (From the caller's clock read when it gave one: the read after the write below is then the only one here.)
+  // While the request is written: no step without progress for longer than `stall` (the upstream stopped
+  // taking the body). Then the head's own wait (first_byte) from the moment it was written whole, so an
+  // upload's length never eats into it. (From the caller's clock read when it gave one: the read after the
+  // write below is then the only one here.)
+  // (idle alone, not also first_byte: the kernel wakes a writer only once a good part of its send buffer
+  // (MiBs) drained, so the steps of an upload the upstream steadily reads can be seconds apart.)
+  const auto stall = r.idle;
   if (r.sent_at != std::chrono::steady_clock::time_point{})
-    conn_->watchdog().expires_at(r.sent_at + r.first_byte);
+    conn_->watchdog().expires_at(r.sent_at + stall);
   else
-    conn_->watchdog().expires_after(r.first_byte);
+    conn_->watchdog().expires_after(stall);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
   TlsStream* tls = conn_->tls();
   error_code ec;
   std::size_t written = 0;
   if (tls) {
-    // Through the TLS stream's composed write (OpenSSL may also need to read while writing).
-    auto [wec, wn] = co_await asio::async_write(tls->stream, bufs, use_task);
-    ec = wec;
-    written = wn;
+    // Step by step through the TLS stream (OpenSSL may also need to read while writing).
+    std::tie(ec, written) = co_await write_watched(tls->stream, bufs, 0, conn_->watchdog(), stall);
   } else {
-    auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
-    ec = wec;
-    written = wn;
+    // What the socket takes at once (a request that fits its buffer: all of it), then the rest as it drains.
+    ec = {};
+    written = asio::write(conn_->socket(), bufs, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again)
+      std::tie(ec, written) = co_await write_watched(conn_->socket(), bufs, written, conn_->watchdog(), stall);
   }
   // An upstream may answer before it read the whole body (a 413, an early
   // error) and close: the write then fails while its answer waits in the
@@ -153,9 +190,15 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     cut_off_ = true;
     ec = {};
   }
-  // Written: the wait for the answer begins (the caller's measure of the upstream's time, not Weir's).
+  // Written: the wait for the answer begins (the caller's measure of the upstream's time, not Weir's), and
+  // its timeout with it (never past the request's deadline). A later deadline than the write's is a store.
   written_at_ = std::chrono::steady_clock::now();
   written_whole_ = !ec && !cut_off_;
+  {
+    auto head_by = written_at_ + r.first_byte;
+    if (r.not_after != std::chrono::steady_clock::time_point{} && r.not_after < head_by) head_by = r.not_after;
+    conn_->watchdog().expires_at(head_by);
+  }
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them. Their heads count together
   // against kMaxResponseHead (as Go counts them against its response header

@@ -90,11 +90,18 @@ class UpstreamExchange : public ResponseSource {
   struct Request {
     std::string_view head;  // request line and fields (http/forward.hpp)
     std::string_view body;
-    bool head_request = false;             // a HEAD: the response has no body
-    std::chrono::milliseconds first_byte;  // request sent → response head
-    std::chrono::milliseconds idle;        // between two reads of the body
-    // When the caller began the send (first_byte counts from it; unset: from start()'s own clock read).
+    bool head_request = false;  // a HEAD: the response has no body
+    // Request written whole (its last byte handed to the kernel) → response
+    // head (Go's ResponseHeaderTimeout: a slow upload does not eat into it).
+    std::chrono::milliseconds first_byte;
+    // Between two reads of the body; and, while the request is written,
+    // between two writes that moved bytes (an upstream that stops taking the
+    // body: UpstreamFailure::timeout).
+    std::chrono::milliseconds idle;
+    // When the caller began the send (the write's bound counts from it; unset: from start()'s own clock read).
     std::chrono::steady_clock::time_point sent_at{};
+    // The request's own deadline, if it has one ({}: none): the response head's wait ends there at the latest.
+    std::chrono::steady_clock::time_point not_after{};
   };
 
   // Takes a pooled connection for the next start().

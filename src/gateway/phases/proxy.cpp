@@ -480,7 +480,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                         .head_request = head_request,
                                         .first_byte = within(head_wait, ctx.deadline, ctx.t_upstream_sent),
                                         .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent),
-                                        .sent_at = ctx.t_upstream_sent});
+                                        .sent_at = ctx.t_upstream_sent,
+                                        .not_after = ctx.deadline});
     // The answer's head (or the failure) is here: this attempt's one clock read after its send.
     t_answered = core::now();
     // From the request's last byte handed to the kernel to its answer's head: the endpoint's time (its
