@@ -335,6 +335,12 @@ ConfigResult<ListenAddress> parse_listen(std::string_view s) {
           ConfigError{.key = "listen", .message = fmt::format("{} is not host:port", quoted_text(s))});
     host = s.substr(0, colon);
     port = s.substr(colon + 1);
+    // "::1:8080": an IPv6 address needs its brackets (RFC 3986 §3.2.2), or where it ends and the port begins is
+    // a guess ("::1:8080" is also a whole IPv6 address).
+    if (host.find(':') != std::string_view::npos)
+      return tl::unexpected(ConfigError{
+          .key = "listen",
+          .message = fmt::format("{} is ambiguous: write an IPv6 address in brackets, [ipv6]:port", quoted_text(s))});
   }
   unsigned p = 0;
   auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);

@@ -80,8 +80,14 @@ tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const st
 
 bool listen_addresses_overlap(const boost::asio::ip::tcp::endpoint& a, const boost::asio::ip::tcp::endpoint& b) {
   if (a.port() == 0 || a.port() != b.port()) return false;
-  const auto x = a.address();
-  const auto y = b.address();
+  // An IPv4-mapped IPv6 address binds the IPv4 address it maps (both listeners then take its connections).
+  const auto unmapped = [](const boost::asio::ip::address& v) {
+    return v.is_v6() && v.to_v6().is_v4_mapped()
+               ? boost::asio::ip::address(boost::asio::ip::make_address_v4(boost::asio::ip::v4_mapped, v.to_v6()))
+               : v;
+  };
+  const auto x = unmapped(a.address());
+  const auto y = unmapped(b.address());
   if (x == y) return true;
   // :: takes IPv4 too (IPV6_V6ONLY off); 0.0.0.0 takes every IPv4 address.
   const auto wild = [](const boost::asio::ip::address& w, const boost::asio::ip::address& o) {
@@ -93,6 +99,11 @@ bool listen_addresses_overlap(const boost::asio::ip::tcp::endpoint& a, const boo
 std::string format_address(const boost::asio::ip::tcp::endpoint& ep) {
   const auto a = ep.address();
   return a.is_v6() ? fmt::format("[{}]:{}", a.to_string(), ep.port()) : fmt::format("{}:{}", a.to_string(), ep.port());
+}
+
+std::string format_host_port(std::string_view host, std::uint16_t port) {
+  return host.find(':') != std::string_view::npos ? fmt::format("[{}]:{}", host, port)
+                                                  : fmt::format("{}:{}", host, port);
 }
 
 }  // namespace weir::core

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <tl/expected.hpp>
@@ -38,12 +39,18 @@ int count_listeners(const boost::asio::ip::tcp::endpoint& ep);
 tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const std::string& host);
 
 // Would listeners bound to `a` and `b` take the same connections: one port
-// (not 0, which the kernel picks per listener) and the same address, or
+// (not 0, which the kernel picks per listener) and the same address (an
+// IPv4-mapped IPv6 address, [::ffff:127.0.0.1], taken as its IPv4 one: an
+// IPv6 socket bound to it takes that address's connections), or
 // either of them the wildcard of the other's family (0.0.0.0, or :: which
 // also takes IPv4 while IPV6_V6ONLY is off, Linux's default).
 bool listen_addresses_overlap(const boost::asio::ip::tcp::endpoint& a, const boost::asio::ip::tcp::endpoint& b);
 
 // "127.0.0.1:8080", "[::1]:8080": for messages.
 std::string format_address(const boost::asio::ip::tcp::endpoint& ep);
+// The same for a host as configured (a name or an IP literal, a zone after
+// '%' kept): "localhost:8080", "[::1%lo]:8080" (RFC 3986 §3.2.2's brackets
+// around an IPv6 literal, so its port reads apart from it).
+std::string format_host_port(std::string_view host, std::uint16_t port);
 
 }  // namespace weir::core

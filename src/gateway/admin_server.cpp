@@ -210,7 +210,8 @@ std::uint16_t AdminServer::listen(bool exclusive, std::string& error) {
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(128, ec);
   if (ec) {
-    error = fmt::format("admin.listen: cannot listen on {}:{}: {}", cfg_.listen.host, cfg_.listen.port, ec.message());
+    error = fmt::format("admin.listen: cannot listen on {}: {}",
+                        core::format_host_port(cfg_.listen.host, cfg_.listen.port), ec.message());
     return 0;
   }
   const auto bound = acceptor_.local_endpoint();

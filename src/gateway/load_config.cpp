@@ -471,10 +471,11 @@ tl::expected<void, std::string> check_listen_addresses(const LoadedConfig& loade
   const http::tcp::endpoint c(*ip, client.port);
   const http::tcp::endpoint a(*admin_ip, admin.port);
   if (core::listen_addresses_overlap(c, a))
-    return tl::unexpected(fmt::format(
-        "{}: admin.listen: {}:{} binds {}, which takes the client listener's connections (listen {}:{} binds "
-        "{}): the admin API has its own port",
-        file, admin.host, admin.port, core::format_address(a), client.host, client.port, core::format_address(c)));
+    return tl::unexpected(
+        fmt::format("{}: admin.listen: {} binds {}, which takes the client listener's connections (listen {} binds "
+                    "{}): the admin API has its own port",
+                    file, core::format_host_port(admin.host, admin.port), core::format_address(a),
+                    core::format_host_port(client.host, client.port), core::format_address(c)));
   return {};
 }
 

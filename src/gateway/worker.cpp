@@ -267,7 +267,7 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(4096, ec);
   if (ec) {
-    error = fmt::format("cannot listen on {}:{}: {}", addr.host, port, ec.message());
+    error = fmt::format("cannot listen on {}: {}", core::format_host_port(addr.host, port), ec.message());
     return 0;
   }
   loopback_listener_ = is_loopback(ep.address());

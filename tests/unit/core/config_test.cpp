@@ -256,6 +256,11 @@ TEST(Config, ListenForms) {
   EXPECT_EQ(b->host, "0.0.0.0");
   EXPECT_FALSE(weir::core::parse_listen("host:"));
   EXPECT_FALSE(weir::core::parse_listen("[::1]8080"));
+  // An IPv6 address without its brackets: where the port begins is a guess.
+  auto v6 = weir::core::parse_listen("::1:8080");
+  ASSERT_FALSE(v6);
+  EXPECT_NE(v6.error().message.find("write an IPv6 address in brackets"), std::string::npos);
+  EXPECT_FALSE(weir::core::parse_listen("fe80::1%lo:8080"));
 }
 
 TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {

@@ -80,6 +80,13 @@ TEST(ListenProbe, OverlappingListenAddresses) {
   EXPECT_FALSE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("127.0.0.1", 81)));
   EXPECT_FALSE(listen_addresses_overlap(ep("127.0.0.1", 0), ep("127.0.0.1", 0)));  // each gets its own port
   EXPECT_TRUE(listen_addresses_overlap(ep("0.0.0.0", 80), ep("127.0.0.1", 80)));
+  // An IPv4-mapped IPv6 address binds its IPv4 address.
+  EXPECT_TRUE(listen_addresses_overlap(ep("::ffff:127.0.0.1", 80), ep("127.0.0.1", 80)));
+  EXPECT_TRUE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("::ffff:127.0.0.1", 80)));
+  EXPECT_TRUE(listen_addresses_overlap(ep("0.0.0.0", 80), ep("::ffff:10.0.0.1", 80)));
+  EXPECT_FALSE(listen_addresses_overlap(ep("::ffff:127.0.0.1", 80), ep("127.0.0.2", 80)));
+  EXPECT_EQ(weir::core::format_host_port("::1%lo", 80), "[::1%lo]:80");
+  EXPECT_EQ(weir::core::format_host_port("localhost", 80), "localhost:80");
   EXPECT_TRUE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("0.0.0.0", 80)));
   EXPECT_TRUE(listen_addresses_overlap(ep("::", 80), ep("127.0.0.1", 80)));  // :: takes IPv4 too
   EXPECT_FALSE(listen_addresses_overlap(ep("0.0.0.0", 80), ep("::1", 80)));
