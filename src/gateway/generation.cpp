@@ -1,6 +1,9 @@
 #include "gateway/generation.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <system_error>
+#include <thread>
 
 #include <fstream>
 #include <iterator>
@@ -56,26 +59,87 @@ std::string pool_fingerprint(const core::Config& cfg, const core::PoolConfig& po
   return f;
 }
 
+namespace {
+
+Resolution resolve_one(const EndpointName& n) {
+  Resolution out;
+  boost::system::error_code ec;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::resolver resolver(io);
+  auto r = resolver.resolve(n.host, std::to_string(n.port), ec);
+  if (!ec)
+    for (const auto& entry : r)
+      if (std::find(out.addrs.begin(), out.addrs.end(), entry.endpoint()) == out.addrs.end())
+        out.addrs.push_back(entry.endpoint());
+  if (out.addrs.empty()) out.error = ec ? ec.message() : "no address";
+  return out;
+}
+
+core::ConfigError resolve_error(const core::Config& cfg, const core::PoolConfig& pool, std::size_t i,
+                                const std::string& why) {
+  const auto& e = pool.endpoints.at(i);
+  return core::ConfigError{.file = cfg.source,
+                           .line = e.line,
+                           .column = e.column,
+                           .key = fmt::format("pools.{}.endpoints[{}]", pool.name, i),
+                           .message = fmt::format("cannot resolve {}: {}", e.display, why)};
+}
+
+}  // namespace
+
 tl::expected<std::vector<http::tcp::endpoint>, core::ConfigError> resolve_endpoint(const core::Config& cfg,
                                                                                    const core::PoolConfig& pool,
                                                                                    std::size_t i) {
   const auto& e = pool.endpoints.at(i);
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::resolver resolver(io);
-  boost::system::error_code ec;
-  auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
-  if (!ec && !r.empty()) {
-    std::vector<http::tcp::endpoint> all;
-    for (const auto& entry : r)
-      if (std::find(all.begin(), all.end(), entry.endpoint()) == all.end()) all.push_back(entry.endpoint());
-    return all;
+  auto r = resolve_one(EndpointName{e.host, e.port});
+  if (r.addrs.empty()) return tl::unexpected(resolve_error(cfg, pool, i, r.error));
+  return std::move(r.addrs);
+}
+
+std::vector<EndpointName> endpoint_names(const core::Config& cfg) {
+  std::vector<EndpointName> out;
+  for (const auto& pc : cfg.pools)
+    for (const auto& e : pc.endpoints) out.push_back(EndpointName{e.host, e.port});
+  return out;
+}
+
+std::vector<Resolution> resolve_names(const std::vector<EndpointName>& names) {
+  std::vector<Resolution> out(names.size());
+  // Names resolve independently: a slow one does not hold the others up, and
+  // the wait is about the slowest one's, not the sum (a reload of 8 slow names).
+  constexpr std::size_t kMaxThreads = 8;
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next.fetch_add(1); i < names.size(); i = next.fetch_add(1)) out[i] = resolve_one(names[i]);
+  };
+  std::vector<std::thread> threads;
+  try {
+    for (std::size_t t = 1; t < std::min(names.size(), kMaxThreads); ++t) threads.emplace_back(work);
+  } catch (const std::system_error&) {
+    // (No thread to be had: the ones started and this one take the names between them.)
   }
-  return tl::unexpected(
-      core::ConfigError{.file = cfg.source,
-                        .line = e.line,
-                        .column = e.column,
-                        .key = fmt::format("pools.{}.endpoints[{}]", pool.name, i),
-                        .message = fmt::format("cannot resolve {}: {}", e.display, ec ? ec.message() : "no address")});
+  work();
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+tl::expected<ResolvedPools, core::ConfigError> take_resolutions(const core::Config& cfg,
+                                                                std::vector<Resolution> resolved) {
+  ResolvedPools out;
+  std::size_t k = 0;
+  for (const auto& pc : cfg.pools) {
+    auto& pool = out.emplace_back();
+    for (std::size_t i = 0; i < pc.endpoints.size(); ++i, ++k) {
+      if (k >= resolved.size()) return tl::unexpected(resolve_error(cfg, pc, i, "not resolved"));
+      if (resolved[k].addrs.empty()) return tl::unexpected(resolve_error(cfg, pc, i, resolved[k].error));
+      pool.push_back(std::move(resolved[k].addrs));
+    }
+  }
+  return out;
+}
+
+tl::expected<ResolvedPools, core::ConfigError> resolve_all(const core::Config& cfg) {
+  return take_resolutions(cfg, resolve_names(endpoint_names(cfg)));
 }
 
 namespace {
@@ -113,11 +177,16 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     if (p < in.addrs.size() && in.addrs[p].size() == pc.endpoints.size()) {
       slot.addrs = in.addrs[p];
     } else {
-      for (std::size_t i = 0; i < pc.endpoints.size(); ++i) {
-        auto a = resolve_endpoint(cfg, pc, i);
-        if (!a) return tl::unexpected(a.error().to_string());
-        slot.addrs.push_back(a->front());
-        slot.all_addrs.push_back(std::move(*a));
+      if (in.resolved.empty()) {
+        auto all = resolve_all(cfg);
+        if (!all) return tl::unexpected(all.error().to_string());
+        in.resolved = std::move(*all);
+      }
+      if (p >= in.resolved.size() || in.resolved[p].size() != pc.endpoints.size())
+        return tl::unexpected(fmt::format("pools.{}: its endpoints were not resolved", pc.name));
+      for (auto& a : in.resolved[p]) {
+        slot.addrs.push_back(a.front());
+        slot.all_addrs.push_back(std::move(a));
       }
     }
     const PoolSlot* same = nullptr;

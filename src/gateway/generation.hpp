@@ -78,8 +78,11 @@ struct GenerationInput {
   std::vector<std::shared_ptr<http::TlsClient>> tls;
   const auth::AuthPolicy* policy = nullptr;  // for the metric labels; null without auth
   // Per pool: its endpoints' addresses, already resolved (tests); empty =
-  // resolve them here.
+  // `resolved`'s.
   std::vector<std::vector<http::tcp::endpoint>> addrs;
+  // Every endpoint's every address (resolve_all, take_resolutions); empty =
+  // resolve them in build_generation.
+  std::vector<std::vector<std::vector<http::tcp::endpoint>>> resolved;
   // The worker threads (fixed at start-up): each publishes its view of a
   // new pool's endpoint health on the pool's board (routing::HealthBoard).
   std::uint32_t workers = 1;
@@ -95,9 +98,47 @@ tl::expected<std::vector<http::tcp::endpoint>, core::ConfigError> resolve_endpoi
                                                                                    const core::PoolConfig& pool,
                                                                                    std::size_t i);
 
+// Every endpoint's addresses: per pool (as config.pools), per endpoint (as
+// its endpoints), every address its host resolved to, as resolve_endpoint's.
+using ResolvedPools = std::vector<std::vector<std::vector<http::tcp::endpoint>>>;
+
+// One endpoint's host and port to resolve (copied out of the configuration,
+// so a resolver thread holds nothing of it).
+struct EndpointName {
+  std::string host;
+  std::uint16_t port = 0;
+};
+// What one name resolved to: its addresses (each once, in the resolver's
+// order), or, when none, the resolver's reason ("Host not found ...").
+struct Resolution {
+  std::vector<http::tcp::endpoint> addrs;
+  std::string error;
+};
+
+// Every endpoint of every pool of `cfg`, in file order (what resolve_names takes).
+std::vector<EndpointName> endpoint_names(const core::Config& cfg);
+
+// Resolves `names` (getaddrinfo through Asio's resolver), up to 8 at a time
+// on threads of their own: blocks the calling thread for about the slowest
+// name, not their sum. One Resolution per name, in order. Thread-safe; it
+// reads nothing but `names`.
+std::vector<Resolution> resolve_names(const std::vector<EndpointName>& names);
+
+// `resolved` (resolve_names(endpoint_names(cfg))) per pool and endpoint, or
+// the first endpoint in file order that did not resolve, as
+// resolve_endpoint's error.
+tl::expected<ResolvedPools, core::ConfigError> take_resolutions(const core::Config& cfg,
+                                                                std::vector<Resolution> resolved);
+
+// resolve_names then take_resolutions: every endpoint of `cfg`, blocking
+// the calling thread (--check, tests).
+tl::expected<ResolvedPools, core::ConfigError> resolve_all(const core::Config& cfg);
+
 // Builds the generation after `previous` (null at start-up) from `in`.
-// Every endpoint is resolved here (getaddrinfo: blocks the calling thread,
-// the control thread), unless `in.addrs` gives it; a pool with the same
+// Every endpoint's addresses come from `in.resolved`, or `in.addrs` (tests);
+// with neither, they are resolved here (resolve_all: blocks the calling
+// thread; start-up and a reload resolve off the control thread and give
+// them). A pool with the same
 // name, fingerprint and addresses as one of `previous` keeps its PoolSlot.
 // Error: resolve_endpoint's, as text (ConfigError::to_string).
 tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,

@@ -360,12 +360,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     // Every endpoint's host resolves, as start-up and a reload resolve it (gateway::build_generation).
-    for (const auto& pc : c.pools)
-      for (std::size_t i = 0; i < pc.endpoints.size(); ++i)
-        if (auto a = weir::gateway::resolve_endpoint(c, pc, i); !a) {
-          fmt::print(stderr, "weir: configuration error: {}\n", a.error().to_string());
-          return 2;
-        }
+    // (Names in parallel: the wait is about the slowest one's.)
+    if (auto a = weir::gateway::resolve_all(c); !a) {
+      fmt::print(stderr, "weir: configuration error: {}\n", a.error().to_string());
+      return 2;
+    }
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }

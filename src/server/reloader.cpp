@@ -5,6 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -25,6 +28,15 @@ std::int64_t unix_now_s() {
 
 }  // namespace
 
+// What a reload under way hands from the resolver thread to the control
+// thread. `control` is null once the reload was abandoned (a drain began, or
+// the Reloader is gone): the thread then drops its result, whenever its last
+// name answers.
+struct Reloader::Handoff {
+  std::mutex mu;
+  boost::asio::io_context* control = nullptr;
+};
+
 Reloader::Reloader(boost::asio::io_context& control, gateway::ConfigSource source,
                    gateway::CommandLineOverrides overrides, std::optional<unsigned> cli_workers,
                    std::string cli_access_log, gateway::Shared& shared, gateway::Services& services,
@@ -43,7 +55,13 @@ Reloader::Reloader(boost::asio::io_context& control, gateway::ConfigSource sourc
   shared_.reloads.generation.store(shared_.generation->id, std::memory_order_relaxed);
 }
 
-Reloader::~Reloader() = default;
+Reloader::~Reloader() { abandon(); }
+
+void Reloader::abandon() {
+  if (!reloading_) return;
+  std::lock_guard lock(reloading_->handoff->mu);
+  reloading_->handoff->control = nullptr;
+}
 
 void Reloader::start() {
   start_scraper();
@@ -52,6 +70,15 @@ void Reloader::start() {
 
 void Reloader::stop() {
   stopped_ = true;
+  again_.clear();
+  if (reloading_) {
+    // The drain keeps the generation it began with: the reload under way is dropped, its names left to
+    // answer (or not) on their thread.
+    abandon();
+    weir::core::note("weir: {}: configuration reload abandoned (draining); still serving generation {}\n",
+                     reloading_->why, shared_.generation->id);
+    reloading_.reset();
+  }
   if (scraper_) scraper_->stop();
   if (watch_timer_ != nullptr) watch_timer_->cancel();
 }
@@ -132,26 +159,45 @@ core::Task<void> Reloader::watch_loop() {
   watching_ = false;
 }
 
-bool Reloader::reload(std::string_view why) {
+void Reloader::reload(std::string_view why) {
+  if (reloading_) {
+    // One reload at a time; the file is read again when this one ends (the
+    // last signal's file wins, as a second SIGHUP after the first would).
+    if (again_.empty())
+      weir::core::note("weir: {}: a reload is under way (resolving endpoint names); the file is read again after it\n",
+                       why);
+    again_ = std::string(why);
+    return;
+  }
   try {
-    return apply(why);
+    start_reload(why);
   } catch (const std::exception& e) {
-    // A bug, not the file: never let it take the gateway down.
-    shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
-    shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
-    weir::core::note("weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
-                     shared_.generation->id);
-    return false;
+    failed(why, e);
   }
 }
 
-bool Reloader::apply(std::string_view why) {
-  auto& stats = shared_.reloads;
-  if (stopped_) return false;
+void Reloader::failed(std::string_view why, const std::exception& e) {
+  // A bug, not the file: never let it take the gateway down.
+  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
+  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
+  weir::core::note("weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
+                   shared_.generation->id);
+}
+
+bool Reloader::refuse(std::string_view why, const std::string& reason) {
+  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
+  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
+  weir::core::note("weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
+                   shared_.generation->id);
+  return false;
+}
+
+void Reloader::start_reload(std::string_view why) {
+  if (stopped_) return;
   ++attempts_;
   if (source_.file.empty()) {
     weir::core::note("weir: {}: no configuration file to reload (quick mode)\n", why);
-    return false;
+    return;
   }
   if (read_once_) {
     // Not a refusal (the file is not wrong, and weir_config_last_reload_successful stays as it was): a
@@ -162,26 +208,65 @@ bool Reloader::apply(std::string_view why) {
           "start-up; restart to change it (said once)\n",
           why, source_.file);
     said_read_once_ = true;
-    return false;
+    return;
   }
   seen_ = stamp();
-  auto refuse = [&](const std::string& reason) {
-    stats.failed.fetch_add(1, std::memory_order_relaxed);
-    stats.last_ok.store(false, std::memory_order_relaxed);
-    weir::core::note("weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
-                     shared_.generation->id);
-    return false;
-  };
   auto loaded = gateway::load_config(source_);
-  if (!loaded) return refuse(loaded.error().to_string());
+  if (!loaded) {
+    refuse(why, loaded.error().to_string());
+    return;
+  }
   // What the command line fixed stays fixed.
   auto& server = loaded->config.server;
   if (cli_workers_) server.workers = *cli_workers_;
   if (!cli_access_log_.empty()) server.access_log = cli_access_log_;
+  if (auto e = gateway::restart_only_change(*shared_.generation->config, loaded->config, overrides_)) {
+    refuse(why, e->to_string());
+    return;
+  }
+  // The endpoints' names resolve on a thread of their own (getaddrinfo blocks, for as long as DNS takes): this
+  // thread goes on taking signals, serving the admin API and scraping while they do.
+  auto pending = std::make_shared<Pending>();
+  pending->why = std::string(why);
+  pending->loaded = std::make_shared<gateway::LoadedConfig>(std::move(*loaded));
+  pending->handoff = std::make_shared<Handoff>();
+  pending->handoff->control = &control_;
+  // (The thread holds the names and the handoff only: a thread left behind at exit frees nothing of Weir's.)
+  std::thread([handoff = pending->handoff, names = gateway::endpoint_names(pending->loaded->config), this] {
+    auto resolved = gateway::resolve_names(names);
+    std::lock_guard lock(handoff->mu);
+    if (handoff->control == nullptr) return;  // abandoned: nothing of the Reloader is touched
+    boost::asio::post(*handoff->control, [this, handoff, resolved = std::move(resolved)]() mutable {
+      on_resolved(handoff.get(), std::move(resolved));
+    });
+  }).detach();
+  reloading_ = std::move(pending);
+}
+
+void Reloader::on_resolved(const Handoff* handoff, std::vector<gateway::Resolution> resolved) {
+  if (!reloading_ || reloading_->handoff.get() != handoff) return;  // abandoned (stop) after the thread posted this
+  const auto p = std::move(reloading_);
+  reloading_.reset();
+  try {
+    apply(*p, std::move(resolved));
+  } catch (const std::exception& e) {
+    failed(p->why, e);
+  }
+  if (!again_.empty() && !stopped_) {
+    const std::string why = std::exchange(again_, std::string());
+    reload(why);
+  }
+}
+
+bool Reloader::apply(Pending& p, std::vector<gateway::Resolution> resolved) {
+  auto& stats = shared_.reloads;
+  const std::string_view why = p.why;
+  auto& loaded = p.loaded;
+  auto addrs = gateway::take_resolutions(loaded->config, std::move(resolved));
+  if (!addrs) return refuse(why, addrs.error().to_string());
   const auto& running = *shared_.generation->config;
-  if (auto e = gateway::restart_only_change(running, loaded->config, overrides_)) return refuse(e->to_string());
   auto auth = services_.prepare_reload(*loaded);
-  if (!auth) return refuse(auth.error());
+  if (!auth) return refuse(why, auth.error());
   for (const auto& w : loaded->warnings) weir::core::note("weir: warning: {}\n", w);
   gateway::GenerationInput in;
   in.config = std::make_shared<const core::Config>(std::move(loaded->config));
@@ -189,8 +274,9 @@ bool Reloader::apply(std::string_view why) {
   in.tls = std::move(loaded->tls);
   in.policy = auth->policy.get();
   in.workers = static_cast<std::uint32_t>(shared_.workers.size());
+  in.resolved = std::move(*addrs);
   auto gen = gateway::build_generation(std::move(in), shared_.generation.get());
-  if (!gen) return refuse(gen.error());
+  if (!gen) return refuse(why, gen.error());
   // Pools built anew (not carried over) whose name was there before: changed, whatever their text says.
   std::vector<std::string> rebuilt;
   for (const auto& slot : (*gen)->pools)
@@ -198,7 +284,7 @@ bool Reloader::apply(std::string_view why) {
       if (old.cfg->name == slot.cfg->name && old.state != slot.state) rebuilt.push_back(slot.cfg->name);
   std::string changes = gateway::describe_changes(running, *(*gen)->config, rebuilt);
   auto policy = services_.commit_reload(std::move(*auth));
-  if (!policy) return refuse(policy.error());
+  if (!policy) return refuse(why, policy.error());
   // Applied: from here on nothing fails. The key set first: a key the file
   // withdrew is refused from here on, before the reload is said applied.
   if (const std::string keys = services_.reload_jwks(*loaded); !keys.empty())

@@ -1,12 +1,19 @@
 #include "server/server.hpp"
 
+#include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
+#include <future>
 #include <random>
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -16,6 +23,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "core/listen_probe.hpp"
 #include "core/note.hpp"
 #include "core/process_metrics.hpp"
 #include "gateway/admin_server.hpp"
@@ -48,6 +56,59 @@ tracing::Resource trace_resource(const tracing::TracingConfig& c, std::uint64_t 
   return r;
 }
 
+// Resolves `names` (gateway::resolve_names) on a thread of its own while
+// this one waits for them or for a stop signal (SIGINT, SIGTERM, SIGQUIT:
+// main() holds them blocked until the handler is in place, so they are read
+// here through a signalfd): a name that resolves slowly, or a DNS server that
+// does not answer, does not keep a stop from ending start-up. Returns the
+// resolutions, or the stop signal's name when one came first (the thread is
+// then left to its names: it holds nothing but them). The signals not taken
+// stay pending for the handler.
+std::variant<std::vector<gateway::Resolution>, const char*> resolve_or_stop(std::vector<gateway::EndpointName> names) {
+  struct Job {
+    std::vector<gateway::EndpointName> names;
+    std::promise<std::vector<gateway::Resolution>> done;
+    int event = -1;  // written once `done` is set
+    ~Job() {
+      if (event >= 0) ::close(event);
+    }
+  };
+  sigset_t stops;
+  sigemptyset(&stops);
+  for (int sig : {SIGINT, SIGTERM, SIGQUIT}) sigaddset(&stops, sig);
+  auto job = std::make_shared<Job>();
+  job->names = std::move(names);
+  job->event = ::eventfd(0, EFD_CLOEXEC);
+  const int sigfd = ::signalfd(-1, &stops, SFD_CLOEXEC);
+  if (job->event < 0 || sigfd < 0) {  // (out of descriptors: resolved here, as before)
+    if (sigfd >= 0) ::close(sigfd);
+    return gateway::resolve_names(job->names);
+  }
+  auto result = job->done.get_future();
+  try {
+    std::thread([job] {
+      job->done.set_value(gateway::resolve_names(job->names));
+      const std::uint64_t one = 1;
+      (void)!::write(job->event, &one, sizeof one);
+    }).detach();
+  } catch (const std::system_error&) {  // (no thread to be had: resolved here, as before)
+    ::close(sigfd);
+    return gateway::resolve_names(job->names);
+  }
+  pollfd fds[2] = {{.fd = job->event, .events = POLLIN, .revents = 0}, {.fd = sigfd, .events = POLLIN, .revents = 0}};
+  while (::poll(fds, 2, -1) < 0 && errno == EINTR) {
+  }
+  const char* stopped = nullptr;
+  if ((fds[1].revents & POLLIN) != 0 && (fds[0].revents & POLLIN) == 0) {
+    signalfd_siginfo info{};
+    if (::read(sigfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info))
+      stopped = info.ssi_signo == SIGINT ? "SIGINT" : info.ssi_signo == SIGQUIT ? "SIGQUIT" : "SIGTERM";
+  }
+  ::close(sigfd);
+  if (stopped != nullptr) return stopped;
+  return result.get();
+}
+
 int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   // A listen host that does not resolve, or an admin listener on the client
   // listener's address, is the configuration error --check gives.
@@ -77,7 +138,19 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
 
   // The first configuration generation: endpoint addresses resolved here, pools' shared state, metric labels.
   {
+    auto resolved = resolve_or_stop(gateway::endpoint_names(*config));
+    if (const auto* sig = std::get_if<const char*>(&resolved)) {
+      weir::core::note("weir: {} received while resolving the endpoints' names at start-up: stopped\n", *sig);
+      return 0;
+    }
+    auto addrs = gateway::take_resolutions(*config, std::move(std::get<0>(resolved)));
+    if (!addrs) {
+      // (An endpoint that does not resolve: a configuration error, as --check says.)
+      fmt::print(stderr, "weir: configuration error: {}\n", addrs.error().to_string());
+      return 2;
+    }
     gateway::GenerationInput in;
+    in.resolved = std::move(*addrs);
     in.config = config;
     in.pricing = std::move(loaded.pricing);
     in.tls = loaded.tls;  // built (and checked) by load_config, so --check refuses what start-up would
@@ -249,8 +322,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     // Unless a new instance shares its port (a restart with --reuse-port):
     // then admin calls go to that one from now on.
     if (admin && signal_count == 1 && admin->drain())
-      weir::core::note("weir: admin API closed: another process listens on {}:{} (--reuse-port) and takes it over\n",
-                       loaded.admin->listen.host, admin_port);
+      weir::core::note("weir: admin API closed: another process listens on {} (--reuse-port) and takes it over\n",
+                       core::format_host_port(loaded.admin->listen.host, admin_port));
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
@@ -274,7 +347,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   reloader.start();
   if (admin) {
     admin->start();
-    weir::core::note("weir: admin API on {}:{}{}{}\n", loaded.admin->listen.host, admin_port,
+    weir::core::note("weir: admin API on {}{}{}\n", core::format_host_port(loaded.admin->listen.host, admin_port),
                      !services.key_store() ? " (no tenants: runtime keys off)"
                      : loaded.auth && loaded.auth->redis_keys && loaded.redis
                          ? ", runtime keys in Redis (auth.redis_keys)"
@@ -292,8 +365,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                      loaded.tracing->sample_ratio, loaded.tracing->service_name);
   }
   for (auto& w : workers) w->start();
-  weir::core::note("weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({}){}\n",
-                   config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
+  weir::core::note("weir: listening on {} with {} worker{}, {} pool{}, {} model{} ({}){}\n",
+                   core::format_host_port(config->server.listen.host, port), n, n == 1 ? "" : "s", config->pools.size(),
                    config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
                    config->source,
                    // (As the admin line: the loopback default refuses other names for /metrics.)

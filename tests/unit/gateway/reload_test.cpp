@@ -312,6 +312,37 @@ TEST(Generation, AnEndpointThatDoesNotResolveRefusesIt) {
       << g.error();
 }
 
+TEST(Generation, NamesResolveTogetherAndTheFirstFailureInFileOrderIsTheError) {
+  auto c =
+      cfg("pools:\n  a: {endpoints: [http://127.0.0.1:1, 'http://[::1]:2']}\n  b: {endpoints: [http://127.0.0.2:3]}\n"
+          "default_pool: a\n");
+  const auto names = endpoint_names(c);
+  ASSERT_EQ(names.size(), 3u);
+  EXPECT_EQ(names[1].host, "::1");
+  EXPECT_EQ(names[2].port, 3);
+  auto resolved = resolve_names(names);
+  ASSERT_EQ(resolved.size(), 3u);
+  auto pools = take_resolutions(c, resolved);
+  ASSERT_TRUE(pools);
+  ASSERT_EQ(pools->size(), 2u);
+  EXPECT_EQ((*pools)[0][1].front(), http::tcp::endpoint(boost::asio::ip::make_address("::1"), 2));
+  EXPECT_EQ((*pools)[1][0].front().port(), 3);
+  // Two names that did not resolve: the first in the file is the one named.
+  resolved[1] = Resolution{.addrs = {}, .error = "Host not found"};
+  resolved[2] = Resolution{.addrs = {}, .error = "later"};
+  auto bad = take_resolutions(c, resolved);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "pools.a.endpoints[1]");
+  EXPECT_NE(bad.error().message.find("cannot resolve http://[::1]:2: Host not found"), std::string::npos)
+      << bad.error().message;
+  // Given resolved, build_generation does not resolve again.
+  GenerationInput in{.config = std::make_shared<const core::Config>(c)};
+  in.resolved = std::move(*pools);
+  auto g = build_generation(std::move(in), nullptr);
+  ASSERT_TRUE(g) << g.error();
+  EXPECT_EQ((*g)->pools[1].addrs.front().port(), 3);
+}
+
 std::string render(const MetricsShard& m) {
   std::string out;
   m.render(out, 0);
