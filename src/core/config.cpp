@@ -251,6 +251,11 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
 
 ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
   if (!n.IsMap()) return tl::unexpected(config_error(n, "models", "expected a mapping of model name to {pool, ...}"));
+  if (n.size() > ModelConfig::kMaxModels)
+    return tl::unexpected(config_error(n, "models",
+                                       fmt::format("{} models, at most {} (one metrics label slot each, and as many "
+                                                   "for those a reload replaces)",
+                                                   n.size(), ModelConfig::kMaxModels)));
   std::set<std::string> names;
   for (const auto& kv : n) {
     const std::string name = kv.first.Scalar();

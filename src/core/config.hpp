@@ -404,6 +404,10 @@ struct ModelConfig {
   // `fallbacks: [{model: M}, {pool: P, upstream_model: N}]`; {model: M} means M's pool and upstream name.
   std::vector<FallbackTarget> fallbacks;
   static constexpr std::size_t kMaxFallbacks = 4;
+  // At most this many models (`models:` entries; aliases not counted): the metrics' model label slots
+  // (gateway::MetricLabels) hold a configuration's models and those a reload removed while requests of an
+  // earlier configuration still run, within 2 x 65535.
+  static constexpr std::size_t kMaxModels = 65535;
 };
 
 struct Config {

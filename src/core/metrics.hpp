@@ -67,6 +67,22 @@ class CounterMap {
   std::uint64_t get(std::uint64_t key) const;
   // Adds every series of `o`.
   void merge(const CounterMap& o);
+  // Removes every series whose key `drop(key)` is true for (a rebuild, O(capacity): not for a hot path).
+  template <class Pred>
+  void erase_if(Pred drop) {
+    std::vector<std::uint64_t> keys(keys_.size(), kEmpty), values(keys_.size(), 0);
+    keys.swap(keys_);
+    values.swap(values_);
+    size_ = 0;
+    for (std::size_t j = 0; j < keys.size(); ++j)
+      if (keys[j] != kEmpty && !drop(keys[j])) add(keys[j], values[j]);
+  }
+  // Adds the series of `o` whose key `keep(key)` is true for.
+  template <class Pred>
+  void merge_if(const CounterMap& o, Pred keep) {
+    for (std::size_t j = 0; j < o.keys_.size(); ++j)
+      if (o.keys_[j] != kEmpty && keep(o.keys_[j])) add(o.keys_[j], o.values_[j]);
+  }
   // Every series as (key, value), sorted by key.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> sorted() const;
   std::size_t size() const { return size_; }

@@ -218,6 +218,11 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     g->pools.push_back(std::move(slot));
   }
   g->labels = MetricLabels::build(cfg, in.policy, previous ? previous->labels.get() : nullptr);
+  if (!g->labels)  // (models past ModelConfig::kMaxModels are refused before: only slots still held are left)
+    return tl::unexpected(fmt::format(
+        "models: the {} metrics label slots are taken by these {} models and those of earlier configurations "
+        "whose requests still run: reload again once they have finished",
+        MetricLabels::kModelSlots, cfg.models.size()));
   return std::shared_ptr<const Generation>(std::move(g));
 }
 

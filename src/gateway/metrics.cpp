@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <map>
+#include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -19,69 +21,155 @@ constexpr std::size_t kListed = 20;  // non-zero entries of kStatuses
 constexpr std::string_view kOther = "other";
 }  // namespace
 
+struct MetricLabels::Lineage {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<const MetricLabels>> built;  // (expired ones dropped at each build)
+};
+
+namespace {
+
+// The slots of one family (models, pools or endpoints) in labels being built (serial `serial`): a name
+// keeps its slot; a slot whose name is current in no configuration alive (none of their requests may count
+// into it) is freed, and a new name takes a free slot, else one at the end.
+struct SlotFamily {
+  std::vector<std::string>& labels;
+  std::vector<std::uint8_t>& current;
+  std::vector<std::uint8_t>& vacant;
+  std::vector<std::uint64_t>& epoch;
+  std::uint64_t serial;
+  std::vector<std::uint8_t> held;  // by slot: 1 where labels alive have it current
+
+  void hold(const std::vector<std::uint8_t>& cur) {
+    if (held.size() < cur.size()) held.resize(cur.size(), 0);
+    for (std::size_t s = 0; s < cur.size(); ++s) held[s] |= cur[s];
+  }
+  // The slot of each of `names` (in order), current; `fresh(slot, i)` for a name new to its slot,
+  // `freed(slot)` for a slot no configuration alive names. Nullopt when a new name finds no slot below `limit`.
+  template <class Fresh, class Freed>
+  std::optional<std::vector<std::uint32_t>> assign(std::vector<std::string> names, std::size_t limit, Fresh&& fresh,
+                                                   Freed&& freed) {
+    std::fill(current.begin(), current.end(), 0);
+    std::unordered_map<std::string_view, std::uint32_t> index;  // (views of `labels` and `names`: neither grows)
+    index.reserve(labels.size() + names.size());
+    for (std::uint32_t s = 0; s < labels.size(); ++s)
+      if (!vacant[s]) index.emplace(labels[s], s);
+    constexpr std::uint32_t kPending = ~std::uint32_t{0};
+    std::vector<std::uint32_t> slots(names.size(), kPending);
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (const auto it = index.find(names[i]); it != index.end()) current[slots[i] = it->second] = 1;
+    for (std::size_t s = 0; s < labels.size(); ++s)
+      if (!vacant[s] && !current[s] && !(s < held.size() && held[s])) {
+        index.erase(labels[s]);
+        vacant[s] = 1;
+        epoch[s] = serial;
+        std::string().swap(labels[s]);
+        freed(s);
+      }
+    std::size_t cursor = 0, added = 0;
+    std::vector<std::uint8_t> is_new(names.size(), 0);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if (slots[i] != kPending) continue;
+      if (const auto it = index.find(names[i]); it != index.end()) {  // (named twice)
+        slots[i] = it->second;
+        continue;
+      }
+      while (cursor < vacant.size() && !(vacant[cursor] && !(cursor < held.size() && held[cursor]))) ++cursor;
+      std::uint32_t s;
+      if (cursor < vacant.size()) {
+        s = static_cast<std::uint32_t>(cursor++);
+      } else {
+        if (labels.size() + added >= limit) return std::nullopt;
+        s = static_cast<std::uint32_t>(labels.size() + added++);
+      }
+      slots[i] = s;
+      is_new[i] = 1;
+      index.emplace(names[i], s);
+    }
+    labels.resize(labels.size() + added);
+    current.resize(labels.size(), 0);
+    vacant.resize(labels.size(), 0);
+    epoch.resize(labels.size(), 0);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const std::uint32_t s = slots[i];
+      current[s] = 1;
+      if (!is_new[i]) continue;
+      labels[s] = names[i];
+      vacant[s] = 0;
+      epoch[s] = serial;
+      fresh(s, i);
+    }
+    return slots;
+  }
+};
+
+}  // namespace
+
 std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg, const auth::AuthPolicy* policy,
                                                         const MetricLabels* previous) {
   auto l = previous ? std::make_shared<MetricLabels>(*previous) : std::make_shared<MetricLabels>();
   if (!previous) l->settings = cfg.server.metrics;
+  if (!l->lineage) l->lineage = std::make_shared<Lineage>();
   const auto& mc = l->settings;
-  // Models: a name keeps its slot; a new one gets the next.
-  std::fill(l->model_current.begin(), l->model_current.end(), 0);
-  l->model_slot.clear();
-  // (Slots found through an index: a search per model was quadratic in a large models: section.)
-  std::unordered_map<std::string, std::uint32_t> model_index;
-  model_index.reserve(l->models.size() + cfg.models.size());
-  for (std::uint32_t i = 0; i < l->models.size(); ++i) model_index.emplace(l->models[i], i);
-  for (const auto& m : cfg.models) {
-    const std::string label = core::escape_label(m.name);
-    const auto [it, fresh] = model_index.emplace(label, static_cast<std::uint32_t>(l->models.size()));
-    const std::uint32_t slot = it->second;
-    if (fresh) {
-      l->models.push_back(label);
-      l->model_names.push_back(m.name);
-      l->model_current.push_back(0);
-    }
-    l->model_current[slot] = 1;
-    l->model_slot.push_back(slot);
-  }
-  // Pools: by name.
-  std::fill(l->pool_current.begin(), l->pool_current.end(), 0);
-  std::fill(l->pool_queued.begin(), l->pool_queued.end(), 0);
-  l->pool_slot.clear();
-  for (const auto& p : cfg.pools) {
-    const std::string label = fmt::format("pool=\"{}\"", core::escape_label(p.name));
-    const auto it = std::find(l->pools.begin(), l->pools.end(), label);
-    const auto slot = static_cast<std::uint32_t>(it - l->pools.begin());
-    if (it == l->pools.end()) {
-      l->pools.push_back(label);
-      l->pool_current.push_back(0);
-      l->pool_queued.push_back(0);
-    }
-    l->pool_current[slot] = 1;
-    l->pool_queued[slot] = p.queue.enabled ? 1 : 0;
-    l->pool_slot.push_back(slot);
-  }
-  // Endpoints: by pool name and endpoint as shown (secrets in a query redacted).
-  std::fill(l->endpoint_current.begin(), l->endpoint_current.end(), 0);
-  l->endpoint_base.clear();
-  l->endpoint_slots.clear();
-  std::unordered_map<std::string, std::uint32_t> endpoint_index;
-  for (std::uint32_t i = 0; i < l->endpoints.size(); ++i) endpoint_index.emplace(l->endpoints[i], i);
-  for (const auto& p : cfg.pools) {
-    l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
-    for (const auto& e : p.endpoints) {
-      const std::string label =
-          fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(p.name), core::escape_label(e.display));
-      const auto [it, fresh] = endpoint_index.emplace(label, static_cast<std::uint32_t>(l->endpoints.size()));
-      const std::uint32_t slot = it->second;
-      if (fresh) {
-        l->endpoints.push_back(label);
-        l->endpoint_current.push_back(0);
+  // The labels alive (those of the generations in use, and shards' copies), `previous` among them.
+  std::vector<std::shared_ptr<const MetricLabels>> alive;
+  {
+    const std::lock_guard lock(l->lineage->mutex);
+    auto& built = l->lineage->built;
+    std::erase_if(built, [](const auto& w) { return w.expired(); });
+    for (const auto& w : built)
+      if (auto p = w.lock()) {
+        l->serial = std::max(l->serial, p->serial);
+        alive.push_back(std::move(p));
       }
-      l->endpoint_current[slot] = 1;
-      l->endpoint_slots.push_back(slot);
-    }
   }
-  l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
+  if (previous) l->serial = std::max(l->serial, previous->serial);
+  ++l->serial;
+  SlotFamily models{l->models, l->model_current, l->model_vacant, l->model_epoch, l->serial, {}};
+  SlotFamily pools{l->pools, l->pool_current, l->pool_vacant, l->pool_epoch, l->serial, {}};
+  SlotFamily endpoints{l->endpoints, l->endpoint_current, l->endpoint_vacant, l->endpoint_epoch, l->serial, {}};
+  const auto hold = [&](const MetricLabels& o) {
+    models.hold(o.model_current);
+    pools.hold(o.pool_current);
+    endpoints.hold(o.endpoint_current);
+  };
+  for (const auto& o : alive) hold(*o);
+  if (previous) hold(*previous);
+  // Models: by name.
+  std::vector<std::string> names;
+  names.reserve(cfg.models.size());
+  for (const auto& m : cfg.models) names.push_back(core::escape_label(m.name));
+  auto model_slots = models.assign(
+      std::move(names), kModelSlots,
+      [&](std::size_t s, std::size_t i) {
+        if (s >= l->model_names.size()) l->model_names.resize(s + 1);
+        l->model_names[s] = cfg.models[i].name;
+      },
+      [&](std::size_t s) { std::string().swap(l->model_names[s]); });
+  if (!model_slots) return nullptr;
+  l->model_slot = std::move(*model_slots);
+  // Pools: by name.
+  names.clear();
+  for (const auto& p : cfg.pools) names.push_back(fmt::format("pool=\"{}\"", core::escape_label(p.name)));
+  l->pool_slot = *pools.assign(
+      std::move(names), SIZE_MAX, [](std::size_t, std::size_t) {}, [](std::size_t) {});
+  l->pool_queued.assign(l->pools.size(), 0);
+  for (std::size_t p = 0; p < cfg.pools.size(); ++p) l->pool_queued[l->pool_slot[p]] = cfg.pools[p].queue.enabled;
+  // Endpoints: by pool name and endpoint as shown (secrets in a query redacted).
+  names.clear();
+  l->endpoint_base.clear();
+  for (const auto& p : cfg.pools) {
+    l->endpoint_base.push_back(static_cast<std::uint32_t>(names.size()));
+    for (const auto& e : p.endpoints)
+      names.push_back(
+          fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(p.name), core::escape_label(e.display)));
+  }
+  l->endpoint_base.push_back(static_cast<std::uint32_t>(names.size()));
+  l->endpoint_slots = *endpoints.assign(
+      std::move(names), SIZE_MAX, [](std::size_t, std::size_t) {}, [](std::size_t) {});
+  {
+    const std::lock_guard lock(l->lineage->mutex);
+    l->lineage->built.push_back(l);
+  }
   // Tenants and keys: current while the policy names them (marked after their slots below); "other" always.
   const auto mark_current = [](std::vector<std::uint8_t>& flags, const std::vector<std::string>& names,
                                const std::vector<std::uint16_t>& named_slots) {
@@ -152,10 +240,46 @@ MetricsShard::MetricsShard(std::shared_ptr<const MetricLabels> labels)
   relabel(std::move(l));
 }
 
+namespace {
+// By slot of `to`'s family: 1 where `from` gave the slot to another name (or freed it) than `to` has there.
+std::vector<std::uint8_t> renamed(const std::vector<std::uint64_t>& from, const std::vector<std::uint64_t>& to) {
+  std::vector<std::uint8_t> r(to.size(), 0);
+  for (std::size_t s = 0; s < to.size() && s < from.size(); ++s) r[s] = from[s] != to[s];
+  return r;
+}
+bool any(const std::vector<std::uint8_t>& v) { return std::find(v.begin(), v.end(), 1) != v.end(); }
+std::size_t model_of_key(std::uint64_t key) { return static_cast<std::size_t>((key >> 32) & 0x1ffff); }
+}  // namespace
+
+void MetricsShard::clear_renamed(const MetricLabels& from, const MetricLabels& to) {
+  if (const auto models = renamed(from.model_epoch, to.model_epoch); any(models)) {
+    for (std::size_t s = 0; s < models.size(); ++s)
+      if (models[s])
+        for (PerModel* h : {&ttft_, &itl_, &upstream_, &duration_})
+          if (s < h->models.size()) h->models[s] = core::Histogram(h->bounds);
+    counters_.erase_if([&](std::uint64_t key) {
+      const auto m = model_of_key(key);
+      return m < models.size() && models[m];
+    });
+  }
+  const auto pools = renamed(from.pool_epoch, to.pool_epoch);
+  for (std::size_t s = 0; s < pools.size() && s < per_pool_.size(); ++s)
+    if (pools[s]) {
+      per_pool_[s] = {};
+      std::fill_n(shed_.begin() + static_cast<std::ptrdiff_t>(s * kShedReasons), kShedReasons, 0);
+    }
+  const auto endpoints = renamed(from.endpoint_epoch, to.endpoint_epoch);
+  for (std::size_t s = 0; s < endpoints.size() && s < attempts_.size(); ++s)
+    if (endpoints[s]) {
+      attempts_[s] = recoveries_[s] = 0;
+      std::fill_n(upstream_failures_.begin() + static_cast<std::ptrdiff_t>(s * kFailureKinds), kFailureKinds, 0);
+      std::fill_n(ejections_.begin() + static_cast<std::ptrdiff_t>(s * kOpenCauses), kOpenCauses, 0);
+    }
+}
+
 void MetricsShard::relabel(std::shared_ptr<const MetricLabels> labels) {
-  if (labels_ && (labels->models.size() < labels_->models.size() ||
-                  labels->endpoints.size() < labels_->endpoints.size() || labels->pools.size() < labels_->pools.size()))
-    return;  // older than ours
+  if (labels_ && labels->serial < labels_->serial) return;  // older than ours
+  if (labels_ && labels_ != labels) clear_renamed(*labels_, *labels);
   labels_ = std::move(labels);
   for (PerModel* h : {&ttft_, &itl_, &upstream_, &duration_}) grow(*h, labels_->models.size());
   attempts_.resize(std::max(attempts_.size(), labels_->endpoints.size()), 0);
@@ -188,20 +312,33 @@ std::uint64_t MetricsShard::upstream_failures(http::UpstreamFailure f) const {
   return n;
 }
 
-void MetricsShard::merge(PerModel& into, const PerModel& from) {
-  for (std::size_t i = 0; i < into.models.size() && i < from.models.size(); ++i) into.models[i].merge(from.models[i]);
+void MetricsShard::merge(PerModel& into, const PerModel& from, const std::vector<std::uint8_t>& skip) {
+  for (std::size_t i = 0; i < into.models.size() && i < from.models.size(); ++i)
+    if (i >= skip.size() || !skip[i]) into.models[i].merge(from.models[i]);
   for (std::size_t i = 0; i < into.fixed.size(); ++i) into.fixed[i].merge(from.fixed[i]);
 }
 
 void MetricsShard::merge(const MetricsShard& o) {
-  if (o.labels_->models.size() > labels_->models.size() || o.labels_->endpoints.size() > labels_->endpoints.size() ||
-      o.labels_->pools.size() > labels_->pools.size())
-    relabel(o.labels_);  // a worker already on a later generation
-  counters_.merge(o.counters_);
-  merge(ttft_, o.ttft_);
-  merge(itl_, o.itl_);
-  merge(upstream_, o.upstream_);
-  merge(duration_, o.duration_);
+  // A worker already on a later generation.
+  if (o.labels_->serial > labels_->serial) relabel(o.labels_);
+  // One on an earlier one may hold counts of a slot these labels gave to another name (or freed): left out.
+  std::vector<std::uint8_t> models, pools, endpoints;
+  if (o.labels_ != labels_) {
+    models = renamed(o.labels_->model_epoch, labels_->model_epoch);
+    pools = renamed(o.labels_->pool_epoch, labels_->pool_epoch);
+    endpoints = renamed(o.labels_->endpoint_epoch, labels_->endpoint_epoch);
+  }
+  if (any(models))
+    counters_.merge_if(o.counters_, [&](std::uint64_t key) {
+      const auto m = model_of_key(key);
+      return m >= models.size() || !models[m];
+    });
+  else
+    counters_.merge(o.counters_);
+  merge(ttft_, o.ttft_, models);
+  merge(itl_, o.itl_, models);
+  merge(upstream_, o.upstream_, models);
+  merge(duration_, o.duration_, models);
   added_.merge(o.added_);
   active_streams += o.active_streams;
   active_connections += o.active_connections;
@@ -215,10 +352,17 @@ void MetricsShard::merge(const MetricsShard& o) {
   health_transitions += o.health_transitions;
   first_token_timeouts += o.first_token_timeouts;
   deadline_exceeded += o.deadline_exceeded;
-  for (std::size_t i = 0; i < ejections_.size() && i < o.ejections_.size(); ++i) ejections_[i] += o.ejections_[i];
-  for (std::size_t i = 0; i < recoveries_.size() && i < o.recoveries_.size(); ++i) recoveries_[i] += o.recoveries_[i];
-  for (std::size_t i = 0; i < shed_.size() && i < o.shed_.size(); ++i) shed_[i] += o.shed_[i];
+  const auto kept = [](const std::vector<std::uint8_t>& skip, std::size_t slot) {
+    return slot >= skip.size() || !skip[slot];
+  };
+  for (std::size_t i = 0; i < ejections_.size() && i < o.ejections_.size(); ++i)
+    if (kept(endpoints, i / kOpenCauses)) ejections_[i] += o.ejections_[i];
+  for (std::size_t i = 0; i < recoveries_.size() && i < o.recoveries_.size(); ++i)
+    if (kept(endpoints, i)) recoveries_[i] += o.recoveries_[i];
+  for (std::size_t i = 0; i < shed_.size() && i < o.shed_.size(); ++i)
+    if (kept(pools, i / kShedReasons)) shed_[i] += o.shed_[i];
   for (std::size_t i = 0; i < per_pool_.size() && i < o.per_pool_.size(); ++i) {
+    if (!kept(pools, i)) continue;
     per_pool_[i].queued += o.per_pool_[i].queued;
     per_pool_[i].unavailable += o.per_pool_[i].unavailable;
     per_pool_[i].waiting += o.per_pool_[i].waiting;
@@ -228,9 +372,10 @@ void MetricsShard::merge(const MetricsShard& o) {
   batch.aborted += o.batch.aborted;
   batch.coalesced += o.batch.coalesced;
   batch.split += o.batch.split;
-  for (std::size_t i = 0; i < attempts_.size() && i < o.attempts_.size(); ++i) attempts_[i] += o.attempts_[i];
+  for (std::size_t i = 0; i < attempts_.size() && i < o.attempts_.size(); ++i)
+    if (kept(endpoints, i)) attempts_[i] += o.attempts_[i];
   for (std::size_t i = 0; i < upstream_failures_.size() && i < o.upstream_failures_.size(); ++i)
-    upstream_failures_[i] += o.upstream_failures_[i];
+    if (kept(endpoints, i / kFailureKinds)) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
   bytes_in += o.bytes_in;
@@ -617,6 +762,7 @@ json::object MetricsShard::stats_json() const {
   for (std::size_t m = 0; m < models.size(); ++m) {
     const Traffic& t = models[m];
     const core::Histogram& h = m < named ? ttft_.models[m] : ttft_.fixed[m - named];  // "*", then "" (no model)
+    if (m < named && L.model_vacant[m]) continue;  // (counts an earlier worker's shard held for its former name)
     const bool configured = m < named && L.model_current[m];
     if (t.requests == 0 && h.count() == 0 && !configured) continue;
     json::object o;

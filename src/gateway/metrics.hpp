@@ -39,40 +39,64 @@ struct MetricIdentity {
 // auth policy, so every family's label sets are bounded by the
 // configurations' sizes. Shared read-only by every shard.
 //
-// Slots only grow: labels built for a reload (`previous` given) keep every
-// slot the previous ones gave (a model, pool, endpoint, tenant or key keeps
-// its series and its count) and append what is new, so a request that
-// started on the older generation counts into the right series. A slot
-// whose model, pool, endpoint, tenant or key the configuration no longer
-// names is not current: /metrics leaves its series out (they were its own;
-// the counts stay in the shard, so one named again goes on from its count,
-// never back). Decided on scrape, from these flags: the request path is the same.
+// Model, pool and endpoint slots are reused, so their number stays bounded
+// by what the configurations in use name: labels built for a reload
+// (`previous` given) keep every slot a name had while a configuration alive
+// names it (a model, pool or endpoint the new configuration still names
+// keeps its series and its count; one it removed keeps them while a request
+// of an earlier configuration that names it may still count, not shown);
+// a slot whose name no configuration alive has current (labels alive: those
+// of the generations requests and workers hold) is freed, and a new name
+// takes a free slot. Each shard zeroes a slot whose name changed (its epoch)
+// when it moves to later labels (MetricsShard::relabel), and a merge leaves
+// out an earlier shard's counts of such a slot. So a name removed and named
+// again goes on from its count if the slot was kept, and starts from 0 once
+// it was freed (docs/observability.md). Tenants and keys keep their slots
+// (bounded by server.metrics.max_tenants / max_key_ids, then "other").
 struct MetricLabels {
+  // Model slots are below this (MetricsShard's fixed "*" and "" slots follow; a series key holds 17 bits).
+  static constexpr std::uint32_t kModelSlots = 0x1fffe;
   // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id
   // label), extending `previous` when given (its label settings are kept:
-  // server.metrics changes only at restart).
+  // server.metrics changes only at restart). Null when the models would
+  // need more than kModelSlots slots (the new ones and those current in
+  // labels alive: core::ModelConfig::kMaxModels keeps a configuration and
+  // its predecessor within; a third alive may not fit).
   static std::shared_ptr<const MetricLabels> build(const core::Config& cfg, const auth::AuthPolicy* policy,
                                                    const MetricLabels* previous = nullptr);
 
-  // Model slots: every configured model name seen since start-up, in order
-  // of first appearance; `models[s]` is its (escaped) label value and
-  // `model_current[s]` 1 while it is configured (rendered even at 0).
+  // Labels built later have a higher serial (the first: 1).
+  std::uint64_t serial = 0;
+  // Model slots: `models[s]` is the (escaped) label value of the model in
+  // slot s, `model_current[s]` 1 while it is configured (rendered even at
+  // 0), `model_vacant[s]` 1 when the slot has no model (its name empty).
   std::vector<std::string> models;
   std::vector<std::string> model_names;  // the same, not escaped (JSON)
   std::vector<std::uint8_t> model_current;
+  std::vector<std::uint8_t> model_vacant;
+  // The serial of the labels that gave slot s its model (or freed it): two labels of one lineage with the
+  // same epoch for s name the same model there (MetricsShard::relabel and merge compare them).
+  std::vector<std::uint64_t> model_epoch;
   std::vector<std::uint32_t> model_slot;  // Config::models index -> slot
   // Pool slots, the same way by pool name: `pools[s]` is 'pool="P"';
   // `pool_queued[s]` 1 while it is configured with a queue (pools.X.queue).
   std::vector<std::string> pools;
   std::vector<std::uint8_t> pool_current;
+  std::vector<std::uint8_t> pool_vacant;
+  std::vector<std::uint64_t> pool_epoch;
   std::vector<std::uint8_t> pool_queued;
   std::vector<std::uint32_t> pool_slot;  // Config::pools index -> slot
   // Endpoint slots, the same way: `endpoints[s]` is 'pool="P",endpoint="URL"'.
   std::vector<std::string> endpoints;
   std::vector<std::uint8_t> endpoint_current;
+  std::vector<std::uint8_t> endpoint_vacant;
+  std::vector<std::uint64_t> endpoint_epoch;
   // Config pool p's endpoint e has slot endpoint_slots[endpoint_base[p] + e].
   std::vector<std::uint32_t> endpoint_base;
   std::vector<std::uint32_t> endpoint_slots;
+  // Every labels built from one first (weak: which are alive decides which slots are held).
+  struct Lineage;
+  std::shared_ptr<Lineage> lineage;
   // Escaped label values by slot; the last one is "other" (tenants past
   // server.metrics.max_tenants since start-up, and those of the first
   // generation past it in name order). Empty: no tenant label.
@@ -146,16 +170,18 @@ class MetricsShard {
  public:
   // Model label slots: MetricLabels::models, then the fixed slots "*"
   // (unlisted, default pool) and "" (no model).
-  static constexpr std::uint32_t kUnlistedModel = 0x1fffe;
-  static constexpr std::uint32_t kNoModel = 0x1ffff;
+  static constexpr std::uint32_t kUnlistedModel = MetricLabels::kModelSlots;
+  static constexpr std::uint32_t kNoModel = kUnlistedModel + 1;
+  static_assert(kNoModel == 0x1ffff, "series() keeps 17 bits of model slot");
   explicit MetricsShard(std::shared_ptr<const MetricLabels> labels);
 
   const MetricLabels& labels() const { return *labels_; }
   const std::shared_ptr<const MetricLabels>& labels_ptr() const { return labels_; }
   // Moves the shard to `labels`, a later generation's (built from the
-  // current ones: MetricLabels::build with previous): every slot keeps its
-  // series; the new ones start at zero. Histograms never move, so a
-  // reference taken before stays valid. Older labels are ignored.
+  // current ones: MetricLabels::build with previous): a slot that keeps its
+  // name keeps its series; one whose name changed (freed, or taken by a new
+  // name) is zeroed; new ones start at zero. Histograms never move, so a
+  // reference taken before stays valid. Older labels (lower serial) are ignored.
   void relabel(std::shared_ptr<const MetricLabels> labels);
   static constexpr std::uint32_t unlisted_model() { return kUnlistedModel; }
   static constexpr std::uint32_t no_model() { return kNoModel; }
@@ -344,7 +370,10 @@ class MetricsShard {
   static void grow(PerModel& h, std::size_t models) {
     while (h.models.size() < models) h.models.emplace_back(h.bounds);
   }
-  static void merge(PerModel& into, const PerModel& from);
+  // (`skip`: by model slot, 1 for one whose counts in `from` are another name's.)
+  static void merge(PerModel& into, const PerModel& from, const std::vector<std::uint8_t>& skip);
+  // Zeroes the series of the slots `to` names otherwise than `from` (relabel).
+  void clear_renamed(const MetricLabels& from, const MetricLabels& to);
 
   // The counters with identity labels live in one sparse map, keyed by
   // family (4 bits) | route (6) | status slot or reason (5) | model slot (17) | tenant (16) | key (16).

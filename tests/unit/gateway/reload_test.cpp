@@ -16,6 +16,7 @@
 #include <fstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <boost/asio/io_context.hpp>
 
@@ -384,6 +385,131 @@ TEST(MetricsShard, RelabelKeepsEverySeriesAndHistogramsNeverMove) {
   total.merge(m);
   EXPECT_NE(render(total).find("weir_time_to_first_token_seconds_count{model=\"big\"} 3"), std::string::npos);
   EXPECT_EQ(total.labels().models.size(), g2->labels->models.size());
+}
+
+std::size_t count_lines(const std::string& text, std::string_view prefix) {
+  std::size_t n = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    const auto end = text.find('\n', at);
+    n += std::string_view(text).substr(at).starts_with(prefix);
+    at = end == std::string::npos ? text.size() : end + 1;
+  }
+  return n;
+}
+
+// The model slot of `name` in `l`, or -1.
+long slot_of(const MetricLabels& l, const std::string& name) {
+  for (std::size_t s = 0; s < l.models.size(); ++s)
+    if (!l.model_vacant[s] && l.models[s] == name) return static_cast<long>(s);
+  return -1;
+}
+
+TEST(MetricLabels, ARemovedNameKeepsItsSlotWhileLabelsThatHaveItCurrentLiveThenANewNameTakesIt) {
+  auto g1 = generation(kBase, nullptr);
+  MetricsShard m(g1->labels);
+  const auto small = g1->labels->model_slot[1];
+  m.count_request(RouteKind::chat_completions, small, 200);
+  m.ttft(small).observe_us(1'000);
+  m.count_attempt_at(g1->labels->endpoint_slot(1, 0));  // cpu's endpoint
+  const std::string without = replace(replace(kBase, "  small: {pool: cpu}\n", ""), "9003", "9005");
+  // g1 (small configured: a request of it may still count) is alive: small keeps its slot, not current.
+  auto g2 = generation(without, g1.get());
+  EXPECT_EQ(slot_of(*g2->labels, "small"), static_cast<long>(small));
+  EXPECT_FALSE(g2->labels->model_current[small]);
+  m.relabel(g2->labels);
+  EXPECT_EQ(m.requests(RouteKind::chat_completions, small, 200), 1u);
+  // No request of g1 runs any more: the next reload frees small's slot and a new name takes it; the shard
+  // moving to those labels zeroes it, and a shard still on g2 merged into one on them leaves its counts out.
+  MetricsShard old_shard = m;  // (a worker still on g2)
+  g1.reset();
+  auto g3 = generation(without + "  fresh: {pool: cpu}\n", g2.get());
+  EXPECT_EQ(slot_of(*g3->labels, "small"), -1);
+  EXPECT_EQ(slot_of(*g3->labels, "fresh"), static_cast<long>(small));
+  m.relabel(g3->labels);
+  EXPECT_EQ(m.requests(RouteKind::chat_completions, small, 200), 0u);
+  EXPECT_EQ(m.ttft(small).count(), 0u);
+  m.count_request(RouteKind::chat_completions, small, 200);  // fresh's
+  MetricsShard total(g3->labels);
+  total.merge(old_shard);
+  total.merge(m);
+  const auto t = render(total);
+  EXPECT_NE(t.find("weir_requests_total{route=\"/v1/chat/completions\",model=\"fresh\",status=\"200\"} 1"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("weir_time_to_first_token_seconds_count{model=\"fresh\"} 0"), std::string::npos) << t;
+  EXPECT_EQ(t.find("model=\"small\""), std::string::npos) << t;
+  // The endpoint the file changed went the same way: its successor starts from 0.
+  EXPECT_NE(t.find("weir_upstream_attempts_total{pool=\"cpu\",endpoint=\"http://127.0.0.1:9005\"} 0"),
+            std::string::npos)
+      << t;
+  // small named again: a free slot (none: at the end), counted from 0.
+  g2.reset();
+  auto g4 = generation(kBase, g3.get());
+  m.relabel(g4->labels);
+  const auto again = g4->labels->model_slot[1];
+  EXPECT_EQ(m.requests(RouteKind::chat_completions, again, 200), 0u);
+  EXPECT_NE(render(m).find("weir_time_to_first_token_seconds_count{model=\"small\"} 0"), std::string::npos);
+}
+
+TEST(MetricLabels, SlotsStayBoundedAcrossReloadsThatRenameEveryModel) {
+  // 200 reloads each naming 50 new models, each generation's labels freed after the next reload:
+  // at most 2 x 50 slots (this configuration's and the previous one's), whatever the number of reloads.
+  auto named = [](int gen) {
+    std::string y = replace(kBase, "  big: {pool: gpu, aliases: [large]}\n  small: {pool: cpu}\n", "");
+    for (int i = 0; i < 50; ++i) y += "  g" + std::to_string(gen) + "_" + std::to_string(i) + ": {pool: cpu}\n";
+    return y;
+  };
+  std::shared_ptr<const Generation> g = generation(named(0), nullptr);
+  MetricsShard m(g->labels);
+  for (int gen = 1; gen <= 200; ++gen) {
+    // A request on each model of the generation, then the reload.
+    for (const auto s : g->labels->model_slot) m.count_request(RouteKind::chat_completions, s, 200);
+    auto next = generation(named(gen), g.get());
+    m.relabel(next->labels);
+    g = std::move(next);
+    ASSERT_LE(g->labels->models.size(), 100u) << gen;
+    ASSERT_LE(g->labels->endpoints.size(), 3u);
+  }
+  // Only the current models are shown, each at 0; the older ones' series are gone from the shard.
+  const auto t = render(m);
+  EXPECT_EQ(count_lines(t, "weir_requests_total{"), 0u) << t;
+  EXPECT_EQ(count_lines(t, "weir_time_to_first_token_seconds_count{model=\"g200_"), 50u);
+  EXPECT_EQ(count_lines(t, "weir_time_to_first_token_seconds_count{model=\"g199_"), 0u);
+}
+
+TEST(MetricLabels, ModelSlotsNeverPassTheSeriesKeysSpaceAReloadNeedingMoreIsRefused) {
+  // Built without YAML: kMaxModels models named a_i, then b_i, then c_i.
+  auto models = [](char p) {
+    core::Config c = cfg(kBase);
+    c.models.clear();
+    for (std::size_t i = 0; i < core::ModelConfig::kMaxModels; ++i) {
+      core::ModelConfig mc;
+      mc.name = fmt::format("{}{}", p, i);
+      c.models.push_back(std::move(mc));
+    }
+    return c;
+  };
+  const auto ca = models('a'), cb = models('b'), cc = models('c');
+  auto la = MetricLabels::build(ca, nullptr);
+  auto lb = MetricLabels::build(cb, nullptr, la.get());
+  ASSERT_TRUE(lb);
+  EXPECT_EQ(lb->models.size(), MetricLabels::kModelSlots);  // both configurations: every slot
+  // a's labels alive (a request of theirs runs): no slot for c's models.
+  EXPECT_FALSE(MetricLabels::build(cc, nullptr, lb.get()));
+  la.reset();  // a's are freed: c's take their slots
+  const auto lc = MetricLabels::build(cc, nullptr, lb.get());
+  ASSERT_TRUE(lc);
+  EXPECT_EQ(lc->models.size(), MetricLabels::kModelSlots);
+  for (const auto s : lc->model_slot) ASSERT_LT(s, MetricsShard::kUnlistedModel);
+  lb.reset();  // and so on: every reload of renamed models finds its slots
+  const auto la2 = MetricLabels::build(ca, nullptr, lc.get());
+  ASSERT_TRUE(la2);
+  EXPECT_EQ(la2->models.size(), MetricLabels::kModelSlots);
+  MetricsShard m(lc);
+  m.count_request(RouteKind::chat_completions, lc->model_slot.back(), 200);
+  m.count_request(RouteKind::chat_completions, MetricsShard::kUnlistedModel, 200);
+  EXPECT_EQ(m.requests(RouteKind::chat_completions, lc->model_slot.back(), 200), 1u);
+  EXPECT_EQ(m.requests(RouteKind::chat_completions, MetricsShard::kUnlistedModel, 200), 1u);
 }
 
 auth::AuthConfig auth_of(const std::string& tenants_yaml) {
