@@ -289,7 +289,7 @@ TEST(Generation, AnUnchangedPoolKeepsItsObjectsAChangedOneGetsNewOnes) {
   EXPECT_NE(g2->pools[2].state, g1->pools[1].state);  // cpu changed
   EXPECT_EQ(g2->pools[2].addrs.size(), 2u);
   EXPECT_EQ(g2->pools[2].owner, g2->config);
-  // Metric slots only grow: big keeps its slot, small stays (not current), tiny is new.
+  // Metric slots: big keeps its slot, small stays (not current: g1, which has it, is alive), tiny is new.
   const auto& l1 = *g1->labels;
   const auto& l2 = *g2->labels;
   EXPECT_EQ(l2.model_slot[0], l1.model_slot[0]);  // big
@@ -369,8 +369,8 @@ TEST(MetricsShard, RelabelKeepsEverySeriesAndHistogramsNeverMove) {
   const auto t = render(m);
   EXPECT_NE(t.find("weir_time_to_first_token_seconds_count{model=\"big\"} 2"), std::string::npos);
   EXPECT_NE(t.find("weir_time_to_first_token_seconds_count{model=\"m99\"} 0"), std::string::npos);
-  // small is no longer configured: none of its series is shown; its count stays in the shard (for a
-  // configuration that names it again: a counter never goes back).
+  // small is no longer configured: none of its series is shown; its count stays in the shard while g1
+  // (a request of it may still count) is alive, for a configuration that names it again.
   EXPECT_EQ(t.find("model=\"small\""), std::string::npos) << t;
   EXPECT_EQ(m.requests(RouteKind::chat_completions, small, 200), 1u);
   m.relabel(generation(kBase, g2.get())->labels);  // small named again
