@@ -41,9 +41,10 @@ Exchange::~Exchange() = default;
 void Exchange::use(std::unique_ptr<UpstreamConnection> c) { conn_ = std::move(c); }
 
 Task<UpstreamFailure> Exchange::connect(const tcp::endpoint& ep, const TlsTarget& tls,
-                                        std::chrono::milliseconds timeout) {
+                                        std::chrono::milliseconds timeout,
+                                        std::chrono::steady_clock::time_point handshake_by) {
   conn_ = std::make_unique<UpstreamConnection>(ex_);
-  co_return co_await http::connect(*conn_, ep, tls, timeout);
+  co_return co_await http::connect(*conn_, ep, tls, timeout, handshake_by);
 }
 
 void Exchange::shrink() {

@@ -32,8 +32,8 @@ class Exchange final : public UpstreamExchange {
 
   // --- UpstreamExchange ---
   void use(std::unique_ptr<UpstreamConnection> c) override;
-  Task<UpstreamFailure> connect(const tcp::endpoint& ep, const TlsTarget& tls,
-                                std::chrono::milliseconds timeout) override;
+  Task<UpstreamFailure> connect(const tcp::endpoint& ep, const TlsTarget& tls, std::chrono::milliseconds timeout,
+                                std::chrono::steady_clock::time_point handshake_by = {}) override;
   std::string_view connect_error() const override { return conn_ ? conn_->tls_error() : std::string_view(); }
   Task<UpstreamFailure> start(const Request& r) override;
   std::size_t upstream_bytes() const override { return head_bytes_; }

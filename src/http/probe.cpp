@@ -5,6 +5,7 @@
 
 #include "http/shortage.hpp"
 #include "http/tls.hpp"
+#include "http/upstream.hpp"
 
 #include <array>
 #include <charconv>
@@ -191,14 +192,16 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
   Timer deadline(ex);
   close_at_deadline(deadline, sock, r);
   int result = 0;
-  // Each address within an equal share of what is left of the deadline (routing::connect_share, the request
-  // path's rule): one refused, unreachable or silent leaves the others their turn. One address: the whole of it.
+  // Each address's TCP connect within its share of what is left of the deadline (http::connect_share, the
+  // request path's rule): one refused, unreachable or silent leaves the others their turn. One address: the
+  // whole of it. The TLS handshake after it has what is left of the deadline.
   using Clock = std::chrono::steady_clock;
   const auto end = deadline.expiry();
   std::size_t tries = 1;
   for (const auto& other : r.others) tries += other == r.addr ? 0 : 1;
   auto share_end = [&]() -> Clock::time_point {
-    return tries > 1 ? Clock::now() + (end - Clock::now()) / static_cast<std::int64_t>(tries) : end;
+    const auto now = Clock::now();
+    return tries > 1 ? now + connect_share(std::chrono::ceil<std::chrono::milliseconds>(end - now), tries) : end;
   };
   boost::system::error_code cec;
   if (tries == 1)

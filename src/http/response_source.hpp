@@ -106,11 +106,14 @@ class UpstreamExchange : public ResponseSource {
 
   // Takes a pooled connection for the next start().
   virtual void use(std::unique_ptr<UpstreamConnection> c) = 0;
-  // Opens a fresh connection to `ep` (with TLS when `tls.client` is set)
-  // within `timeout` for the next start(). Returns connect_refused,
-  // connect_timeout, tls (connect_error() says why) or cancelled on failure.
+  // Opens a fresh connection to `ep` within `timeout`, with TLS when
+  // `tls.client` is set (its handshake by `handshake_by`; {}: within the same
+  // `timeout`: http::connect), for the next start(). Returns
+  // connect_refused, connect_timeout, tls (connect_error() says why) or
+  // cancelled on failure.
   virtual Task<UpstreamFailure> connect(const tcp::endpoint& ep, const TlsTarget& tls,
-                                        std::chrono::milliseconds timeout) = 0;
+                                        std::chrono::milliseconds timeout,
+                                        std::chrono::steady_clock::time_point handshake_by = {}) = 0;
   // Why the last connect() failed its TLS handshake, for the log ("" otherwise).
   virtual std::string_view connect_error() const { return {}; }
   // Sends `r` and reads the response head. Returns none, or why it failed

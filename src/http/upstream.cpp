@@ -129,7 +129,7 @@ void ConnectionPool::adopt(ConnectionPool& from) {
 }
 
 Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
-                              std::chrono::milliseconds timeout) {
+                              std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point handshake_by) {
   c.watchdog().expires_after(timeout);
   auto [ec] = co_await c.socket().async_connect(ep, use_task);
   if (ec) {
@@ -143,7 +143,8 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, co
   boost::system::error_code ignored;
   c.socket().set_option(tcp::no_delay(true), ignored);
   if (tls.client) {
-    // The handshake shares the connect deadline (the watchdog is still armed).
+    // The handshake shares the connect deadline (the watchdog is still armed), or has its own.
+    if (handshake_by != std::chrono::steady_clock::time_point{}) c.watchdog().expires_at(handshake_by);
     c.tls_ = std::make_unique<TlsStream>(c.sock_, tls.client->context());
     if (!prepare_client(*c.tls_, tls, c.tls_error_)) {
       c.watchdog().disarm();

@@ -2,6 +2,7 @@
 // per worker and per endpoint. Never shared between threads.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -96,7 +97,8 @@ class UpstreamConnection {
 
  private:
   friend Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
-                                       std::chrono::milliseconds timeout);
+                                       std::chrono::milliseconds timeout,
+                                       std::chrono::steady_clock::time_point handshake_by);
   Socket sock_;
   boost::beast::flat_buffer buf_;
   core::Watchdog watchdog_;
@@ -144,12 +146,29 @@ class ConnectionPool {
   std::chrono::milliseconds max_idle_age_;
 };
 
-// Opens a TCP connection to `ep` with TCP_NODELAY and, when `tls.client` is
-// set, runs the TLS client handshake on it (SNI, certificate verification,
-// ALPN http/1.1), all within `timeout`. Returns the failure kind
-// (connect_refused, connect_timeout, tls with c.tls_error() set, cancelled).
+// Opens a TCP connection to `ep` with TCP_NODELAY within `timeout` and, when
+// `tls.client` is set, runs the TLS client handshake on it (SNI, certificate
+// verification, ALPN http/1.1) by `handshake_by` ({}: within the same
+// `timeout`). Returns the failure kind (connect_refused, connect_timeout,
+// tls with c.tls_error() set, cancelled).
 Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
-                              std::chrono::milliseconds timeout);
+                              std::chrono::milliseconds timeout,
+                              std::chrono::steady_clock::time_point handshake_by = {});
+
+// The TCP connect timeout of one try at an address when `remaining` of a
+// connect timeout is left for `tries` addresses, this one included: an equal
+// share (Go's net.Dialer rule), but at least kMinConnectShare unless less is
+// left (Go's floor is 2 s; a lost SYN is sent again after 1 s), never 0. A
+// refused try takes next to nothing of its share, so the ones after it get
+// the more. A TLS handshake is not in the share: it has what is left of the
+// whole timeout (connect()'s `handshake_by`), as Go's TLSHandshakeTimeout is
+// apart from its dial.
+inline constexpr std::chrono::milliseconds kMinConnectShare{1000};
+constexpr std::chrono::milliseconds connect_share(std::chrono::milliseconds remaining, std::size_t tries) {
+  auto share = tries > 1 ? remaining / static_cast<std::int64_t>(tries) : remaining;
+  if (share < kMinConnectShare) share = std::min(kMinConnectShare, remaining);
+  return share.count() < 1 ? std::chrono::milliseconds(1) : share;
+}
 
 // Maps a socket/Beast error seen while talking to the upstream to a failure kind,
 // taking into account why Weir itself may have aborted the connection.

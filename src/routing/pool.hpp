@@ -53,14 +53,7 @@ struct EndpointState {
 void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view reason,
                      std::chrono::steady_clock::time_point now);
 
-// The connect timeout of one try at an address when `remaining` of the
-// connect timeout is left for `tries` addresses, this one included: an equal
-// share (Go's net.Dialer rule), at least 1 ms. A refused try takes next to
-// nothing of its share, so the ones after it get the more.
-constexpr std::chrono::milliseconds connect_share(std::chrono::milliseconds remaining, std::size_t tries) {
-  const auto share = tries > 1 ? remaining / static_cast<std::int64_t>(tries) : remaining;
-  return share.count() < 1 ? std::chrono::milliseconds(1) : share;
-}
+using http::connect_share;
 
 // Connects `x` (an http::Exchange or UpstreamExchange: connect(address,
 // tls, timeout)) to endpoint `e` within `timeout` in all: its current
@@ -81,13 +74,14 @@ core::Task<http::UpstreamFailure> connect_endpoint(Exchange& x, EndpointState& e
   const http::tcp::endpoint first = e.addr;
   std::size_t tries = 1;
   for (const auto& a : e.addresses) tries += a == first ? 0 : 1;
-  auto f = co_await x.connect(first, e.tls, connect_share(timeout, tries--));
+  // Each try's TCP connect within its share; a TLS handshake within what is left of the whole timeout.
+  auto f = co_await x.connect(first, e.tls, connect_share(timeout, tries--), end);
   for (const auto& a : e.addresses) {
     if (f != http::UpstreamFailure::connect_refused && f != http::UpstreamFailure::connect_timeout) break;
     if (a == first) continue;
     const auto remaining = left();
     if (remaining.count() <= 0) break;
-    f = co_await x.connect(a, e.tls, connect_share(remaining, tries--));
+    f = co_await x.connect(a, e.tls, connect_share(remaining, tries--), end);
     if (f == http::UpstreamFailure::none) e.addr = a;
   }
   co_return f;

@@ -212,6 +212,76 @@ def test_a_connect_timeout_on_the_first_address_moves_to_the_next(mock, weir, sh
     assert chat(w) == 200  # 127.0.0.1 at once: the address that answered is kept
 
 
+class SlowHandshakeRelay:
+    """TLS on 0.0.0.0:port (every loopback address) whose handshakes each start `delay` s after the accept (a
+    hosted API over a long link), relaying to a plain server on 127.0.0.1:upstream_port."""
+
+    def __init__(self, issued, upstream_port: int, delay: float):
+        import ssl
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(issued.cert, issued.key)
+        self.upstream_port, self.delay = upstream_port, delay
+        self.handshakes = 0
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c: socket.socket):
+        try:
+            time.sleep(self.delay)
+            s = self.ctx.wrap_socket(c, server_side=True)
+            self.handshakes += 1
+            up = socket.create_connection(("127.0.0.1", self.upstream_port), 5)
+
+            def pipe(a, b):
+                try:
+                    while data := a.recv(65536):
+                        b.sendall(data)
+                except OSError:
+                    pass
+                finally:
+                    try:
+                        b.shutdown(socket.SHUT_WR)
+                    except OSError:
+                        pass
+
+            threading.Thread(target=pipe, args=(up, s), daemon=True).start()
+            pipe(s, up)
+        except OSError:
+            c.close()
+
+
+# regress60: the connect timeout's share per address covered an https:// endpoint's TLS handshake too, so a
+# healthy address whose handshake took longer than its share (0.7 s of a 2 s timeout split four ways) was cut
+# off mid-handshake, and so was every address after it: 504. The handshake has what is left of the whole
+# timeout, and each address's TCP connect at least 1 s of it while that much is left.
+def test_a_slow_tls_handshake_at_a_name_with_several_addresses_is_not_cut_to_a_share(mock, weir, shim, tmp_path):
+    from test_tls_upstreams import CA
+    m = mock(*FAST)
+    ca = CA(tmp_path, "net60")
+    relay = SlowHandshakeRelay(ca.issue("server", dns=["multi.weir.test"]), m.process.port, 0.7)
+    try:
+        env = shim_env(shim, tmp_path / "gai.log",
+                       {"multi.weir.test": (0, "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4")})
+        w = weir(config=pool_cfg([f"https://multi.weir.test:{relay.port}"], timeouts={"connect": "2s"},
+                                 tls={"ca_file": str(ca.pem)}), workers=1, env=env)
+        assert chat(w) == 200
+        assert relay.handshakes == 1
+    finally:
+        relay.sock.close()
+
+
 class HealthCounter:
     """A plain HTTP server on 127.0.0.1:port that counts GET /health (200, Connection: close)."""
 
@@ -247,7 +317,7 @@ def test_health_probes_fail_over_past_an_address_that_does_not_answer(weir, shim
         dead_v6(port)
         env = shim_env(shim, tmp_path / "gai.log", {"dual.weir.test": (0, "::1,127.0.0.1")})
         w = weir(config=pool_cfg([f"http://dual.weir.test:{port}"],
-                                 health={"path": "/health", "interval": "200ms", "timeout": "1s",
+                                 health={"path": "/health", "interval": "200ms", "timeout": "2s",
                                          "unhealthy_after": 1}), workers=1, env=env)
         wait_until(lambda: up.count >= 3, 15, message="three probes reaching 127.0.0.1")
         ejected = [v for n, labels, v in w.metrics() if n == "weir_upstream_ejections_total" and

@@ -47,8 +47,8 @@ class ScriptedExchange final : public http::UpstreamExchange {
   int connects = 0, starts = 0, uses = 0, cancels = 0, releases = 0;
 
   void use(std::unique_ptr<http::UpstreamConnection>) override { ++uses; }
-  core::Task<UpstreamFailure> connect(const http::tcp::endpoint&, const http::TlsTarget&,
-                                      std::chrono::milliseconds) override {
+  core::Task<UpstreamFailure> connect(const http::tcp::endpoint&, const http::TlsTarget&, std::chrono::milliseconds,
+                                      std::chrono::steady_clock::time_point) override {
     ++connects;
     co_return script.front().connect == UpstreamFailure::none ? UpstreamFailure::none : pop().connect;
   }

@@ -201,13 +201,16 @@ namespace {
 struct MultiAddressExchange {
   std::vector<http::tcp::endpoint> listening;  // addresses that accept
   std::vector<http::tcp::endpoint> tried;
-  bool time_out = false;                       // every address times out
-  std::vector<http::tcp::endpoint> silent;     // addresses that time out
-  std::vector<std::chrono::milliseconds> got;  // each try's timeout
+  bool time_out = false;                                            // every address times out
+  std::vector<http::tcp::endpoint> silent;                          // addresses that time out
+  std::vector<std::chrono::milliseconds> got;                       // each try's timeout
+  std::vector<std::chrono::steady_clock::time_point> handshake_by;  // each try's TLS handshake deadline
   core::Task<http::UpstreamFailure> connect(const http::tcp::endpoint& a, const http::TlsTarget&,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            std::chrono::steady_clock::time_point hb = {}) {
     tried.push_back(a);
     got.push_back(timeout);
+    handshake_by.push_back(hb);
     if (time_out || std::find(silent.begin(), silent.end(), a) != silent.end())
       co_return http::UpstreamFailure::connect_timeout;
     co_return std::find(listening.begin(), listening.end(), a) != listening.end()
@@ -216,11 +219,12 @@ struct MultiAddressExchange {
   }
 };
 
-http::UpstreamFailure connect_through(MultiAddressExchange& x, routing::EndpointState& e) {
+http::UpstreamFailure connect_through(MultiAddressExchange& x, routing::EndpointState& e,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(1)) {
   boost::asio::io_context io;
   http::UpstreamFailure out = http::UpstreamFailure::count_;
   boost::asio::co_spawn(
-      io, [&]() -> core::Task<void> { out = co_await routing::connect_endpoint(x, e, std::chrono::seconds(1)); },
+      io, [&]() -> core::Task<void> { out = co_await routing::connect_endpoint(x, e, timeout); },
       boost::asio::detached);
   io.run();
   return out;
@@ -247,15 +251,24 @@ TEST(WorkerPool, AConnectRefusedTriesTheHostsOtherAddressesAndKeepsTheOneThatAns
   x = MultiAddressExchange{};
   EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_refused);
   EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4, v6}));
-  // Every address silent: each tried within its share of the one connect timeout (1 s), and the timeout is
+  // Every address silent: each tried within its share of the one connect timeout (3 s), and the timeout is
   // what the request gets.
   x = MultiAddressExchange{.time_out = true};
-  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_timeout);
+  EXPECT_EQ(connect_through(x, e, std::chrono::seconds(3)), http::UpstreamFailure::connect_timeout);
   EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4, v6}));
   ASSERT_EQ(x.got.size(), 2u);
-  EXPECT_EQ(x.got[0], std::chrono::milliseconds(500));   // half of the second for the first of two
-  EXPECT_LE(x.got[1], std::chrono::milliseconds(1000));  // what is left (the fake took none of it)
-  EXPECT_GE(x.got[1], std::chrono::milliseconds(900));
+  EXPECT_EQ(x.got[0], std::chrono::milliseconds(1500));  // half of it for the first of two
+  // A TLS handshake is not in the share: every try's may take what is left of the whole timeout.
+  ASSERT_EQ(x.handshake_by.size(), 2u);
+  EXPECT_EQ(x.handshake_by[0], x.handshake_by[1]);
+  EXPECT_GT(x.handshake_by[0] - std::chrono::steady_clock::now(), std::chrono::milliseconds(2500));
+  EXPECT_LE(x.got[1], std::chrono::milliseconds(3000));  // what is left (the fake took none of it)
+  EXPECT_GE(x.got[1], std::chrono::milliseconds(2900));
+  // A shorter timeout: each address at least 1 s (kMinConnectShare) while that much is left.
+  x = MultiAddressExchange{.time_out = true};
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_timeout);
+  ASSERT_FALSE(x.got.empty());
+  EXPECT_EQ(x.got[0], std::chrono::milliseconds(1000));
 }
 
 TEST(WorkerPool, AConnectTimeoutOnOneAddressMovesToTheNextWithinTheConnectTimeout) {
@@ -268,9 +281,9 @@ TEST(WorkerPool, AConnectTimeoutOnOneAddressMovesToTheNextWithinTheConnectTimeou
   auto& e = pool.endpoint(0);
   // ::1 drops the SYNs (a host down): its third of the timeout, then 127.0.0.1, which answers and is kept.
   MultiAddressExchange x{.listening = {v4}, .silent = {v6}};
-  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::none);
+  EXPECT_EQ(connect_through(x, e, std::chrono::seconds(6)), http::UpstreamFailure::none);
   EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v6, v4}));
-  EXPECT_EQ(x.got.front(), std::chrono::milliseconds(333));
+  EXPECT_EQ(x.got.front(), std::chrono::milliseconds(2000));
   EXPECT_EQ(e.addr, v4);
   // One address: the whole timeout, as before.
   routing::WorkerPool one(cfg.pools[0], {v6}, nullptr);
@@ -284,5 +297,11 @@ TEST(WorkerPool, ConnectShareSplitsWhatIsLeftEvenly) {
   EXPECT_EQ(routing::connect_share(milliseconds(2000), 1), milliseconds(2000));
   EXPECT_EQ(routing::connect_share(milliseconds(2000), 2), milliseconds(1000));
   EXPECT_EQ(routing::connect_share(milliseconds(2000), 0), milliseconds(2000));
-  EXPECT_EQ(routing::connect_share(milliseconds(2), 5), milliseconds(1));  // never 0
+  EXPECT_EQ(routing::connect_share(milliseconds(2), 5), milliseconds(2));  // less than the floor left: all of it
+  EXPECT_EQ(routing::connect_share(milliseconds(0), 5), milliseconds(1));  // never 0
+  // At least kMinConnectShare (1 s) each, unless less is left: a lost SYN is sent again after 1 s.
+  EXPECT_EQ(routing::connect_share(milliseconds(2000), 4), milliseconds(1000));
+  EXPECT_EQ(routing::connect_share(milliseconds(1500), 4), milliseconds(1000));
+  EXPECT_EQ(routing::connect_share(milliseconds(800), 4), milliseconds(800));
+  EXPECT_EQ(routing::connect_share(milliseconds(8000), 4), milliseconds(2000));
 }
