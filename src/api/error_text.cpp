@@ -23,6 +23,16 @@ namespace json = boost::json;
 
 namespace {
 
+// An error body as JSON, up to 256 levels deep (Boost.JSON's default is 32: an OpenAI-shaped error whose
+// details echo a deep request body, or FastAPI's 422 with the body in `detail[].input`, would be read as text
+// and rewritten). The body is bounded by server.max_response; the resource is a monotonic one (no recursive
+// destruction).
+json::value parse_error_body(std::string_view body, boost::system::error_code& ec, json::storage_ptr sp) {
+  json::parse_options opt;
+  opt.max_depth = 256;
+  return json::parse(json::string_view(body.data(), body.size()), ec, std::move(sp), opt);
+}
+
 // Whether `body` holds a \u escape of a surrogate that is not half of a
 // pair (a high one not followed by \u and a low one, or a low one alone).
 // An escaped backslash is skipped (`\\ud800` in JSON text is a backslash
@@ -85,7 +95,7 @@ std::string upstream_error_message(std::string_view body) {
   unsigned char buf[4096];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  const json::value v = parse_error_body(body, ec, &mr);
   if (ec || !v.is_object()) return {};
   const auto& o = v.get_object();
   std::string_view message;
@@ -109,7 +119,7 @@ std::string upstream_error_text(int status, std::string_view body) {
     unsigned char buf[4096];
     json::monotonic_resource mr(buf, sizeof buf);
     boost::system::error_code ec;
-    const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+    const json::value v = parse_error_body(body, ec, &mr);
     text = ec || !v.is_object();
   }
   std::string squeezed;  // whitespace runs as one space, trimmed; cut a little past the bound
@@ -139,7 +149,7 @@ bool is_openai_error(std::string_view body) {
   unsigned char buf[4096];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  const json::value v = parse_error_body(body, ec, &mr);
   if (ec || !v.is_object()) return false;
   const auto* e = v.get_object().if_contains("error");
   if (e == nullptr || !e->is_object()) return false;
@@ -156,7 +166,7 @@ void append_openai_error_for(std::string& out, int status, std::string_view body
   unsigned char buf[4096];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  const json::value v = parse_error_body(body, ec, &mr);
   std::string_view type, param, code;
   std::int64_t number = 0;  // an integer code: the status vLLM means (an error event's only one)
   if (!ec && v.is_object()) {

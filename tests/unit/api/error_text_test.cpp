@@ -37,6 +37,14 @@ TEST(OpenAiUpstreamError, OpenAiShapeIsTold) {
   EXPECT_FALSE(is_openai_error("<html>Bad Gateway</html>"));
   EXPECT_FALSE(is_openai_error(""));
   EXPECT_FALSE(is_openai_error(R"({"error":{"message":"m"})"));  // cut short
+  // Deeper than Boost.JSON's default 32 levels (details echoing a deep request): still told, its words kept.
+  const std::string deep = R"({"error":{"message":"schema too deep","type":"t","param":null,"code":"bad_schema",)"
+                           R"("details":)" +
+                           std::string(100, '[') + std::string(100, ']') + "}}";
+  EXPECT_TRUE(is_openai_error(deep));
+  EXPECT_EQ(upstream_error_message(R"({"detail":[{"msg":"bad","input":)" + std::string(100, '[') +
+                                   std::string(100, ']') + "}]}"),
+            upstream_error_message(R"({"detail":[{"msg":"bad","input":[]}]})"));
 }
 
 TEST(OpenAiUpstreamError, VllmShapesKeepTheirWordsAndLoseTheIntegerCode) {
