@@ -272,20 +272,25 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
     }
   } else {
     // Without a kid, the first few keys of its kind: a token anyone can send (no credential needed) must not
-    // cost a verification per key of a large set (7,000 Ed25519 keys: a second of a worker's time).
+    // cost a verification per key of a large set (7,000 Ed25519 keys: a second of a worker's time). The keys
+    // published without a kid first (an issuer whose tokens carry none publishes its keys so), then the others.
     bool verified = false, more = false;
     std::size_t tried = 0;
-    for (const auto& key : keys.keys) {
-      if (key.kind != key_kind_for(jwt->alg) || (key.alg && *key.alg != jwt->alg)) continue;
-      if (tried == kMaxKeysWithoutKid) {
-        more = true;
-        break;
+    for (const bool with_kid : {false, true}) {
+      for (const auto& key : keys.keys) {
+        if (key.kid.empty() == with_kid) continue;
+        if (key.kind != key_kind_for(jwt->alg) || (key.alg && *key.alg != jwt->alg)) continue;
+        if (tried == kMaxKeysWithoutKid) {
+          more = true;
+          break;
+        }
+        ++tried;
+        if (verify_signature(*jwt, key)) {
+          verified = true;
+          break;
+        }
       }
-      ++tried;
-      if (verify_signature(*jwt, key)) {
-        verified = true;
-        break;
-      }
+      if (verified || more) break;
     }
     if (tried == 0) return fail(JwtFailure::key_mismatch, fmt::format("no key for alg {}", to_string(jwt->alg)));
     if (!verified)

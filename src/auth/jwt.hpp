@@ -100,7 +100,8 @@ struct VerifiedJwt {
 // (RFC 7517 §4.5 says kids SHOULD differ; identity providers reuse one
 // during some rotations): unknown_kid when the set has none with that kid,
 // unusable_key when it has only skipped ones; without a kid, the first
-// kMaxKeysWithoutKid keys of that kind (document order) are tried, so a
+// kMaxKeysWithoutKid keys of that kind are tried, those published without
+// a kid first, then the others (document order within each), so a
 // token no one signed costs a bounded number of verifications whatever the
 // set's size (bad_signature beyond them).
 inline constexpr std::size_t kMaxKeysWithoutKid = 4;

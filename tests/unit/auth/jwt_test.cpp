@@ -382,6 +382,15 @@ TEST(Jwks, ATokenWithoutAKidIsTriedAgainstTheFirstFewKeysOfItsKindOnly) {
   const auto set2 = parse_jwks(doc2 + named.jwk() + "]}");
   ASSERT_TRUE(set2) << set2.error();
   EXPECT_TRUE(verify_jwt(named.token(claims()), *set2, policy(), kNow));
+  // Keys published without a kid are tried before those with one: two named keys ahead of four without a
+  // kid leave the fourth within reach (regress60: counted in document order, it was refused).
+  TestKey a = TestKey::ed("a"), b = TestKey::ed("b");
+  std::string doc3 = R"({"keys":[)" + a.jwk() + "," + b.jwk();
+  for (int i = 0; i < 4; ++i) doc3 += "," + eds[static_cast<std::size_t>(i)].jwk();
+  const auto set3 = parse_jwks(doc3 + "]}");
+  ASSERT_TRUE(set3) << set3.error();
+  auto r3 = verify_jwt(eds[3].token(claims()), *set3, policy(), kNow);
+  EXPECT_TRUE(r3) << r3.error().message;
 }
 
 TEST(Jwks, ATokenNamingASkippedKeyIsRefusedForThatNotAsAnUnknownKid) {
