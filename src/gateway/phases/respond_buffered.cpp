@@ -27,6 +27,7 @@
 #include "gateway/admin.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
+#include "gateway/phases/made_stream.hpp"
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
 #include "http/headers.hpp"
@@ -43,31 +44,6 @@ namespace {
 constexpr std::uint64_t kInflateFree = 1 << 20;
 constexpr std::uint64_t kMaxInflation = 200;
 
-// An OpenAI client's stream made from a whole answer (`chunk`: the one
-// chunk that carries all of it): that chunk without its usage, then, when
-// the client asked for usage (`with_usage`), the usage chunk a stream ends
-// with (vLLM's shape: `choices: []` and the usage), then [DONE]. OpenAI's
-// stream carries usage only when asked (stream_options.include_usage).
-void append_as_openai_stream(std::string_view chunk, bool with_usage, std::string& out) {
-  std::string usage, bare;
-  if (const auto u = api::find_member(chunk, "usage"))
-    usage = chunk.substr(u->value_begin, u->value_end - u->value_begin);
-  if (!usage.empty() && api::remove_member(chunk, "usage", bare)) chunk = bare;
-  out.reserve(out.size() + chunk.size() + 2 * usage.size() + 256);  // (once: a long answer's chunk is its size)
-  out.append("data: ").append(chunk).append("\n\n");
-  if (with_usage && !usage.empty() && usage != "null") {
-    out += "data: {";
-    for (const std::string_view key : {"id", "object", "created", "model"}) {
-      const auto m = api::find_member(chunk, key);
-      if (!m) continue;
-      out.append("\"").append(key).append("\":").append(chunk.substr(m->value_begin, m->value_end - m->value_begin));
-      out += ',';
-    }
-    out.append("\"choices\":[],\"usage\":").append(usage).append("}\n\n");
-  }
-  out.append("data: [DONE]\n\n");
-}
-
 // A whole text completion (OpenAI's and vLLM's /v1/completions answer): a
 // JSON object with a `choices` array, no `error` member, and `object`
 // "text_completion" when it says what it is.
@@ -77,112 +53,6 @@ bool is_text_completion(std::string_view body) {
   if (!choices || body[choices->value_begin] != '[') return false;
   const auto object = api::find_member(body, "object");
   return !object || body.substr(object->value_begin, object->value_end - object->value_begin) == "\"text_completion\"";
-}
-
-// The events a translated stream would have given, made from an upstream's
-// whole answer to a streamed request (`chat`: a chat completion): an
-// upstream that ignored `stream: true` (api::openai::completion_as_chunk,
-// then the stream's own translator). A chat client gets its one chunk, its
-// usage chunk when it asked for one (`with_usage`), and [DONE]. False when
-// `chat` is no chat completion. `chunk`: that one chunk, for
-// count_made_stream (made once: for a long answer it is tens of MB).
-bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
-                            std::string& out, std::string& chunk) {
-  if (!api::openai::completion_as_chunk(chat, chunk)) return false;
-  switch (client) {
-    case Translation::none:
-      append_as_openai_stream(chunk, with_usage, out);
-      return true;
-    case Translation::anthropic: {
-      // Its events carry the text once, as the chunk does: room for them reserved once. (A Responses
-      // stream carries it in several events: its own growth sizes it.)
-      out.reserve(out.size() + chunk.size() + 4096);
-      api::anthropic::StreamTranslator tr;
-      tr.reset(ctx.upstream_id(), api::anthropic::StreamTranslator::kHeldLimit, ctx.fields.thinking);
-      tr.on_data(chunk, out);
-      tr.finish(out);
-      return !tr.failed();
-    }
-    case Translation::responses: {
-      api::responses::StreamTranslator tr;
-      tr.reset(ctx.responses_echo(), ctx.upstream_id(), ctx.model);
-      tr.on_data(chunk, out);
-      tr.finish(out);
-      return !tr.failed();
-    }
-  }
-  return false;
-}
-
-// What a stream Weir made from a whole answer counts, as respond_stream
-// counts a relayed one. `events`: for an OpenAI client the data events it
-// gets (`client`: its stream, [DONE] included); for a translated client
-// (`translated`) the upstream's chat events its stream was made from, as
-// docs/observability.md counts a translated stream: the data events of
-// `upstream` (a stream decoded whole), or else `chunk` (the one chunk that
-// carries a whole answer) and its end. `tokens`: the upstream's data events
-// from its first content event on ([DONE] aside, and a chunk with only a
-// finish_reason).
-struct MadeStream {
-  std::uint32_t events = 0;
-  std::uint32_t tokens = 0;
-  bool content = false;  // a content event came (the first token: a finish alone too)
-};
-MadeStream count_made_stream(std::string_view client, bool translated, std::string_view upstream,
-                             std::string_view chunk) {
-  MadeStream n;
-  if (!translated) {
-    http::SseReader reader;
-    reader.push(client);
-    while (auto ev = reader.next())
-      if (ev->has_data) ++n.events;
-  }
-  // (A chunk that carries only a finish_reason is no token, as on the relay: respond_stream.)
-  if (!chunk.empty()) {
-    n.content = api::openai::classify_chunk(chunk) == api::openai::ChunkKind::content;
-    n.tokens = n.content && api::openai::chunk_has_tokens(chunk) ? 1 : 0;
-    if (translated) n.events = 2;
-    return n;
-  }
-  http::SseReader up;
-  up.push(upstream);
-  while (auto ev = up.next()) {
-    if (!ev->has_data) continue;
-    if (translated) ++n.events;
-    if (ev->is_done()) continue;
-    if (!n.content) n.content = api::openai::classify_chunk(ev->data) == api::openai::ChunkKind::content;
-    if (n.content && (!api::openai::may_be_finish_only(ev->data) || api::openai::chunk_has_tokens(ev->data)))
-      ++n.tokens;
-  }
-  return n;
-}
-
-// A stream the upstream compressed anyway (it ignored Accept-Encoding:
-// identity), decoded whole: the events a translated route's client asked
-// for, each upstream chunk run through the client's stream translator, as
-// respond_stream would have. False when the translator failed.
-bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out) {
-  http::SseReader reader;
-  reader.push(sse);
-  const auto run = [&](auto& tr) {
-    while (auto ev = reader.next()) {
-      if (!ev->has_data) continue;
-      if (ev->is_done()) break;
-      tr.on_data(ev->data, out);
-    }
-    tr.finish(out);
-    return !tr.failed();
-  };
-  if (client == Translation::anthropic) {
-    api::anthropic::StreamTranslator tr;
-    tr.reset(ctx.upstream_id(), static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
-             ctx.fields.thinking);
-    return run(tr);
-  }
-  api::responses::StreamTranslator tr;
-  tr.reset(ctx.responses_echo(), ctx.upstream_id(), ctx.model,
-           static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
-  return run(tr);
 }
 
 // A Content-Type whose text a client decodes as UTF-8 without a charset: JSON (application/json, any
