@@ -425,15 +425,21 @@ Task<PostAnswer> KeptConnection::send(const PostRequest& r, bool& answered) {
                          : co_await exchange_over(c->sock, request, c->buf, parser, r.max_body, wrote);
   s.timer.cancel();
   answered = parser.got_some();
+  auto& res = parser.get();
+  // A final status read is the answer even when its body then fails (too large, cut, timed out): the server
+  // took the POST, and a 2xx must not be sent again as if it had not (OTLP retries only what failed).
+  const bool final_head = parser.is_header_done() && !is_interim(res.result_int());
+  if (final_head) {
+    a.status = res.result_int();
+    if (const auto wait = parse_retry_after(res[bh::field::retry_after], std::chrono::system_clock::now()))
+      a.retry_after = *wait;
+  }
   if (ec) {
     a.error = c->timed_out ? "timed out" : ec.message();
+    if (final_head) a.error = "the answer's body: " + a.error;
     close();
     co_return a;
   }
-  auto& res = parser.get();
-  a.status = res.result_int();
-  if (const auto wait = parse_retry_after(res[bh::field::retry_after], std::chrono::system_clock::now()))
-    a.retry_after = *wait;
   a.body = std::move(res.body());
   if (!parser.keep_alive()) close();  // every Connection line (RFC 9110 §5.3)
   co_return a;

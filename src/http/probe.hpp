@@ -105,14 +105,16 @@ struct PostRequest {
   // Each step within it: the name's resolution, the connect (with the TLS
   // handshake), then the request and its answer.
   std::chrono::milliseconds timeout{1'000};
-  std::size_t max_body = 64 * 1024;  // an answer with a longer body is an error (status 0)
+  std::size_t max_body = 64 * 1024;  // a longer answer body: its status, `error` set, `body` empty
 };
 
 // What a POST got back.
 struct PostAnswer {
   // The final answer's status (interim 1xx heads before it skipped, as fetch_text does); 0 = none (`error` says why).
   int status = 0;
-  std::string error;  // empty on an answer
+  // Why no answer came (status 0), or why its body could not be read whole (a status set: the server answered;
+  // `body` then empty).
+  std::string error;
   // The wait the answer's Retry-After asks for (http/retry_after.hpp: delay-seconds, or an HTTP-date's time
   // from now; one too large to read is 10^9 s, for the caller to cap); 0 = none, unreadable, or no wait.
   std::chrono::milliseconds retry_after{};

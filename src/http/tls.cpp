@@ -5,6 +5,7 @@
 #include <openssl/x509v3.h>
 
 #include <atomic>
+#include <ctime>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,7 +25,27 @@ struct CachedSession {
   tcp::endpoint addr;
   std::string name;
   SSL_SESSION* session;
+  // Wall-clock seconds: when the full handshake the session descends from verified the server (renewed
+  // tickets of resumed connections keep it), and when that server's certificate expires.
+  std::time_t authenticated = 0;
+  std::time_t cert_expires = 0;
 };
+
+// A resumed connection skips certificate verification, and every resumption brings a fresh ticket (TLS
+// 1.3): kept as they come, one full handshake would vouch for the server forever. A kept session is
+// offered only while the certificate that handshake verified is valid and for at most a week after it
+// (RFC 8446 §4.6.1 bounds a ticket's lifetime, renewals included, to 7 days; Go's client drops a session
+// whose certificate has expired the same way).
+constexpr std::time_t kMaxSessionAge = 7 * 24 * 3600;
+
+// The notAfter of the leaf certificate `session` was verified with, in wall-clock seconds (0: unknown).
+std::time_t peer_cert_expiry(const SSL_SESSION* session) {
+  X509* peer = SSL_SESSION_get0_peer(const_cast<SSL_SESSION*>(session));
+  const ASN1_TIME* t = peer ? X509_get0_notAfter(peer) : nullptr;
+  std::tm tm{};
+  if (!t || ASN1_TIME_to_tm(t, &tm) != 1) return 0;
+  return timegm(&tm);
+}
 struct SessionCache {
   std::vector<CachedSession> entries;
   SessionCache() = default;
@@ -66,16 +87,24 @@ int on_new_session(SSL* ssl, SSL_SESSION* session) {
   SSL_SESSION* copy = SSL_SESSION_dup(session);
   if (!copy) return 0;
   session = copy;
+  const std::time_t now = std::time(nullptr);
+  const bool resumed = SSL_session_reused(ssl) == 1;
   if (auto* e = t_sessions.find(s->session_client, s->session_addr, s->session_name)) {
     SSL_SESSION_free(e->session);
     e->session = session;
-  } else {
+    // A resumed connection's ticket descends from the kept one's handshake; a full handshake starts anew.
+    if (!resumed) e->authenticated = now, e->cert_expires = peer_cert_expiry(session);
+  } else if (!resumed) {  // (a resumption whose kept session is gone: its origin unknown, not kept)
     t_sessions.prune();
     t_sessions.entries.push_back({.client = s->session_client,
                                   .owner = s->session_owner,
                                   .addr = s->session_addr,
                                   .name = std::string(s->session_name),
-                                  .session = session});
+                                  .session = session,
+                                  .authenticated = now,
+                                  .cert_expires = peer_cert_expiry(session)});
+  } else {
+    SSL_SESSION_free(session);
   }
   return 0;  // OpenSSL keeps (and frees) the original
 }
@@ -213,6 +242,15 @@ void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr) 
   SSL_set_ex_data(ssl, stream_slot(), &s);
   auto* e = t_sessions.find(t.client->id(), addr, t.server_name);
   if (!e || !SSL_SESSION_is_resumable(e->session)) return;
+  const std::time_t now = std::time(nullptr);
+  if (e->cert_expires == 0 || now >= e->cert_expires || now - e->authenticated >= kMaxSessionAge ||
+      now < e->authenticated) {
+    // The certificate has expired (or is unknown), the week is up, or the clock went back: a full
+    // handshake verifies the server again (and its ticket replaces this one).
+    SSL_SESSION_free(e->session);
+    t_sessions.entries.erase(t_sessions.entries.begin() + (e - t_sessions.entries.data()));
+    return;
+  }
   // A copy again, so closing this connection without a shutdown cannot spoil the kept one.
   if (SSL_SESSION* copy = SSL_SESSION_dup(e->session)) {
     SSL_set_session(ssl, copy);  // takes its own reference

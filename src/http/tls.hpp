@@ -80,7 +80,10 @@ bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error);
 // never share connections, so they share no sessions and take no lock. A
 // context is told by its id(), not its address; the sessions of contexts
 // no longer alive (a reload's old ones) are dropped when a session is kept.
-// Call after prepare_client, before the handshake; `s` must outlive its I/O.
+// A session is offered only while the certificate its full handshake
+// verified is valid, and for at most 7 days after that handshake, renewed
+// tickets included (RFC 8446 §4.6.1); then a full handshake verifies the
+// server again. Call after prepare_client, before the handshake; `s` must outlive its I/O.
 void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr);
 // How many sessions this thread keeps (offer_session's), for tests.
 std::size_t kept_sessions();

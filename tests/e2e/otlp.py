@@ -19,6 +19,7 @@ class Collector:
         self.spans: list[dict] = []        # each span with "_resource" (its resource's attributes)
         self.script: list[int] = []        # statuses to answer, in order (then 200)
         self.retry_after = "0"             # the Retry-After of a scripted 503
+        self.ok_body = b"{}"               # the body of a 200
         self.gate = threading.Event()      # cleared: each POST waits for it before it is answered
         self.gate.set()
         collector = self
@@ -42,7 +43,7 @@ class Collector:
                             for ss in rs["scopeSpans"]:
                                 for sp in ss["spans"]:
                                     collector.spans.append({**sp, "_resource": res, "_scope": ss["scope"]})
-                body = b"{}" if status == 200 else b'{"code":14,"message":"try later"}'
+                body = collector.ok_body if status == 200 else b'{"code":14,"message":"try later"}'
                 self.send_response(status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(body)))

@@ -71,11 +71,14 @@ class CA:
         self.pem.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(self, name: str, dns: list[str] = (), ips: list[str] = (), *, expired: bool = False,
-              client: bool = False) -> Issued:
+              client: bool = False, lifetime: datetime.timedelta | None = None) -> Issued:
+        """`lifetime`: valid from a day ago until that long from now (default 30 days)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.timezone.utc)
         if expired:
             before, after = now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)
+        elif lifetime is not None:
+            before, after = now - datetime.timedelta(days=1), now + lifetime
         else:
             before, after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
         sans = [x509.DNSName(d) for d in dns] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
