@@ -438,9 +438,12 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
     const auto name = f.name_string();
     if (!forwarded_upstream(f, strip_credentials) || hop_by_hop_in(listed, f) || iequals(name, "x-request-id"))
       continue;
-    // Fields about the client, not the request: the first member's go upstream.
+    // Fields about the client, not the request: the first member's go upstream. (X-Forwarded-For and
+    // Forwarded too: behind a front proxy every end user's differs, and compared they kept every batch to one
+    // client address.)
     if (iequals(name, "traceparent") || iequals(name, "tracestate") || iequals(name, "baggage") ||
-        iequals(name, "user-agent") || iequals(name, "accept") ||
+        iequals(name, "user-agent") || iequals(name, "accept") || iequals(name, "x-forwarded-for") ||
+        iequals(name, "forwarded") ||
         (name.size() >= 12 && iequals(name.substr(0, 12), "x-stainless-")))
       continue;
     std::string line(name);

@@ -127,7 +127,8 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
 // lowercased, sorted by name (one name's lines in their order), one
 // "name: value\n" each; except fields that describe the client rather than
 // the request (traceparent, tracestate, baggage, user-agent, accept,
-// x-stainless-*), of which the upstream gets the first member's. Requests
+// x-forwarded-for, forwarded, x-stainless-*), of which the upstream gets the
+// first member's. Requests
 // whose keys differ would send the upstream different fields (a credential,
 // a header the model server acts on), so they are never merged.
 void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool strip_credentials);
