@@ -443,8 +443,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
     // client address.)
     if (iequals(name, "traceparent") || iequals(name, "tracestate") || iequals(name, "baggage") ||
         iequals(name, "user-agent") || iequals(name, "accept") || iequals(name, "x-forwarded-for") ||
-        iequals(name, "forwarded") ||
-        (name.size() >= 12 && iequals(name.substr(0, 12), "x-stainless-")))
+        iequals(name, "forwarded") || (name.size() >= 12 && iequals(name.substr(0, 12), "x-stainless-")))
       continue;
     std::string line(name);
     for (auto& c : line) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
