@@ -186,6 +186,17 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: 
         time.sleep(interval)
 
 
+def answers(url: str, statuses: Iterable[int] = (200,), timeout: float = 2.0) -> bool:
+    """``GET url`` answered with one of ``statuses`` within ``timeout`` s; False on any transport error too. For
+    ``wait_until(lambda: answers(...), 10)`` on a listener besides the one start_process waited for (the admin
+    API's): it may not accept yet, or not answer until start-up ends (slow on a loaded machine), and each try
+    that fails so is retried, not raised."""
+    try:
+        return httpx.get(url, timeout=timeout).status_code in tuple(statuses)
+    except httpx.TransportError:
+        return False
+
+
 # ---------------------------------------------------------------------------
 # Processes
 

@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import binary, free_port, wait_until
+from conftest import answers, binary, free_port, wait_until
 from pg import Postgres
 
 TOKEN = "admin-59-token-0123456789abcdef"
@@ -50,7 +50,7 @@ def config(m, admin_port: int, keys_file=None, request_log: str | None = None) -
 def start(weir, cfg: dict):
     w = weir(config=cfg, env=ENV)
     base = "http://" + cfg["admin"]["listen"]
-    wait_until(lambda: httpx.get(base + "/ready", timeout=2).status_code in (200, 503), 5, message="admin listener")
+    wait_until(lambda: answers(base + "/ready", (200, 503)), 10, message="admin listener")
     return w, base
 
 

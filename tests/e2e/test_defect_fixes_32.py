@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import binary, free_port, wait_until
+from conftest import answers, binary, free_port, wait_until
 from httpwire import RawConn, roundtrip
 from test_defect_fixes import RawUpstream
 
@@ -496,7 +496,7 @@ def test_the_admin_port_answers_through_a_drain(module_mock, weir):
                      "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_32"}},
              env={"WEIR_TEST_ADMIN_32": "admin-token-32-0123456789"})
     admin = f"http://127.0.0.1:{admin_port}"
-    wait_until(lambda: httpx.get(admin + "/ready", timeout=2).status_code == 200, 5, message="admin listener")
+    wait_until(lambda: answers(admin + "/ready"), 10, message="admin listener")
     with httpx.stream("POST", w.v1 + "/chat/completions", timeout=30,
                       json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as s:
         lines = s.iter_lines()

@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import free_port, read_by_peer, wait_until
+from conftest import answers, free_port, read_by_peer, wait_until
 from httpwire import RawConn, roundtrip
 from test_defect_fixes import RawUpstream
 from test_defect_fixes_32 import CutUpstream
@@ -28,8 +28,7 @@ def admin(module_mock, module_weir):
     w = module_weir(config={"pools": {"p": {"endpoints": [up.base_url]}}, "default_pool": "p",
                             "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_33"}},
                     env={"WEIR_TEST_ADMIN_33": ADMIN_TOKEN}, workers=1)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200, 5,
-               message="admin listener")
+    wait_until(lambda: answers(f"http://127.0.0.1:{port}/ready"), 10, message="admin listener")
     return w, port
 
 
