@@ -561,6 +561,22 @@ class Weir:
         assert len(mine) == 1, f"{len(mine)} access log lines for {request_id}: {mine}"
         return mine[0]
 
+    # SIGHUP
+    _RELOAD_SAID = re.compile(r"configuration (reloaded from|reload refused|reload failed)")
+
+    def reloads_said(self) -> int:
+        """The reloads Weir has said on stderr (a line each: reloaded, refused or failed)."""
+        return len(self._RELOAD_SAID.findall(self.process.log()))
+
+    def sighup(self, expect: str = "success", timeout: float = 10.0) -> None:
+        """SIGHUP, then waits until the reload is counted as ``expect`` (weir_config_reloads_total{result}) and
+        said on stderr: Weir counts it, then writes its line, so a log read at the count could miss the line."""
+        before, said = self.metric("weir_config_reloads_total", result=expect), self.reloads_said()
+        os.kill(self.process.pid, signal.SIGHUP)
+        wait_until(lambda: self.metric("weir_config_reloads_total", result=expect) > before, timeout,
+                   message=f"a reload counted as {expect}")
+        wait_until(lambda: self.reloads_said() > said, timeout, message="the reload's line on stderr")
+
     def upstream_id(self, request_id: str, timeout: float = 5.0) -> str:
         """The x-request-id Weir sent upstream for the client's own ``request_id`` (the log's
         upstream_request_id): that id, "-", and a generated one (28 hex digits)."""

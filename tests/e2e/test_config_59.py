@@ -89,10 +89,7 @@ def test_a_reload_to_a_file_whose_aliases_expand_too_far_is_refused(mock, weir):
     write(w, full)
     text = w.config_path.read_text()
     w.config_path.write_text(bomb_text(text, 200).replace("tenants:\n  t:\n", "tenants:\n  t1:\n"))
-    before = w.metric("weir_config_reloads_total", result="failure")
-    os.kill(w.process.pid, signal.SIGHUP)
-    wait_until(lambda: w.metric("weir_config_reloads_total", result="failure") > before, 30,
-               message="the reload refused")
+    w.sighup("failure", 30)
     log = w.process.log()
     assert "configuration reload refused:" in log and "expand to more than 16 MiB of text" in log, log[-1500:]
     assert w.metric("weir_config_generation") == 1
@@ -122,10 +119,7 @@ def write(w, cfg: dict) -> None:
 
 
 def sighup(w, expect: str) -> None:
-    before = w.metric("weir_config_reloads_total", result=expect)
-    os.kill(w.process.pid, signal.SIGHUP)
-    wait_until(lambda: w.metric("weir_config_reloads_total", result=expect) > before, 10,
-               message=f"a reload counted as {expect}")
+    w.sighup(expect)
 
 
 def answers(w, key: str) -> bool:

@@ -38,9 +38,7 @@ def reloads(w, result: str) -> float:
 
 def sighup(w, expect: str = "success") -> None:
     """SIGHUP, then waits until the reload was counted with `expect`."""
-    before = reloads(w, expect)
-    os.kill(w.process.pid, signal.SIGHUP)
-    wait_until(lambda: reloads(w, expect) > before, 10, message=f"a reload counted as {expect}")
+    w.sighup(expect)
 
 
 def status(w, model: str, **kw) -> int:

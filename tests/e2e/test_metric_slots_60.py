@@ -37,9 +37,7 @@ def reloads(w, result: str) -> float:
 
 
 def sighup(w, expect: str = "success", timeout: float = 10) -> None:
-    before = reloads(w, expect)
-    os.kill(w.process.pid, signal.SIGHUP)
-    wait_until(lambda: reloads(w, expect) > before, timeout, message=f"a reload counted as {expect}")
+    w.sighup(expect, timeout)
 
 
 def chat(w, model: str) -> int:
