@@ -198,6 +198,9 @@ def test_a_wal_replaced_by_a_directory_is_named_by_the_reader_and_the_writer(tmp
     os.mkdir(f"{db}-wal")
     assert logged_chat(w, "during-0") == 200
     wait_until(lambda: w.metric("weir_request_log_open") == 0, 10, message="the writer's store closed")
+    # Said after the store is marked closed and its open is tried again (on the writer's SCHED_IDLE thread):
+    # waited for, not read at the gauge.
+    wait_until(lambda: "write-ahead log" in w.process.log(), 10, message="the write-ahead log's line")
     said = [line for line in w.process.log().splitlines() if "write-ahead log" in line]
     assert len(said) == 1, w.process.log()
     assert f"{db}-wal was replaced by a directory (its rows were copied into the file)" in said[0], said
