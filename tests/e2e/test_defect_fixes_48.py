@@ -70,7 +70,8 @@ def test_a_renamed_request_log_file_keeps_every_row_written_before(mock, weir, t
         send(rid)
     wait_until(lambda: after <= rows(db), 10, message="the later rows in a new file")
     assert rows(rotated) == before
-    assert w.metric("weir_request_log_written_total") == 23
+    # (Counted after the commit that made the rows visible, on the writer's SCHED_IDLE thread: waited for.)
+    wait_until(lambda: w.metric("weir_request_log_written_total") == 23, 10, message="23 rows counted")
 
 
 # DEFECT: weir-mock, which stands for vLLM in these tests and the benchmarks, answered "model": "" with 404 "The

@@ -110,7 +110,8 @@ def test_one_row_per_access_log_line_with_matching_fields(tmp_path, mock, weir):
     assert rec["400"]["status"] == 400
     assert rec["5xx"]["status"] >= 500
     assert rec["leave"]["status"] == 499
-    assert w.metric("weir_request_log_written_total") >= len(entries)
+    # (Counted after the commit that made the rows visible, on the writer's SCHED_IDLE thread: waited for.)
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= len(entries), 10, message="the rows counted")
     assert w.metric("weir_request_log_dropped_total", reason="queue_full") == 0
     assert w.metric("weir_request_log_errors_total") == 0
     assert w.metric("weir_request_log_open") == 1

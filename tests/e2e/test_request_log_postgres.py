@@ -98,7 +98,8 @@ def test_one_row_per_access_log_line_in_postgres(pg, mock, weir):
         assert row["ts_us"] // 1000 % 1000 == int(e["ts"][20:23])
     odd = next(r for r in got if r["request_id"] == ids["odd"])
     assert odd["model"] == "we\tird\n\\ \ufffd é"  # NUL cannot be stored in text: U+FFFD
-    assert w.metric("weir_request_log_written_total") >= len(got)
+    # (Counted after the commit that made the rows visible, on the writer's SCHED_IDLE thread: waited for.)
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= len(got), 10, message="the rows counted")
     assert w.metric("weir_request_log_errors_total") == 0
     assert w.metric("weir_request_log_open") == 1
 
@@ -177,7 +178,8 @@ def test_retention_keeps_the_newest_rows(pg, mock, weir):
         assert chat(w, "sk-acme-0123456789", i).status_code == 200
     wait_until(lambda: w.metric("weir_request_log_written_total") >= 12, 10, message="rows written")
     wait_until(lambda: [r["request_id"] for r in rows(pg, db)] == ids[-5:], 10, message="the newest 5 rows")
-    assert w.metric("weir_request_log_deleted_total") == 7
+    # (Counted after the deletes are committed, on the writer's SCHED_IDLE thread: waited for.)
+    wait_until(lambda: w.metric("weir_request_log_deleted_total") == 7, 10, message="7 rows counted deleted")
 
 
 def test_captured_bodies_survive_copy(pg, mock, weir):

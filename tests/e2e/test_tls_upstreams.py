@@ -445,7 +445,8 @@ def test_traces_go_to_an_https_collector_on_one_kept_alive_connection(pki, mock,
         for i in range(3):  # one export each: the next request waits for the last one's spans
             assert chat(w).status_code == 200
             wait_until(lambda: w.metric("weir_tracing_exports_total") >= i + 1, 10, message="an export")
-        assert w.metric("weir_tracing_spans_exported_total") >= 3
+        # (The spans are counted after the export is, on the exporter's SCHED_IDLE thread: waited for.)
+        wait_until(lambda: w.metric("weir_tracing_spans_exported_total") >= 3, 10, message="the spans counted")
         assert w.metric("weir_tracing_export_errors_total") == 0
         assert r.connections == 1  # the connection is kept alive between exports
         assert r.text().count("POST /v1/traces HTTP/1.1\r\n") == 3
