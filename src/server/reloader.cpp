@@ -176,19 +176,21 @@ void Reloader::reload(std::string_view why) {
   }
 }
 
+// Each outcome is said on stderr before it is counted: whoever sees the count
+// move (a scrape of weir_config_reloads_total) finds the line already written.
 void Reloader::failed(std::string_view why, const std::exception& e) {
   // A bug, not the file: never let it take the gateway down.
-  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
-  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
   weir::core::note("weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
                    shared_.generation->id);
+  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
+  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool Reloader::refuse(std::string_view why, const std::string& reason) {
-  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
-  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
   weir::core::note("weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
                    shared_.generation->id);
+  shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
+  shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
 
@@ -314,13 +316,13 @@ bool Reloader::apply(Pending& p, std::vector<gateway::Resolution> resolved) {
                                            shared_.workers.size()});
   auto on_all = [applied] {
     auto& st = *applied->stats;
-    st.succeeded.fetch_add(1, std::memory_order_relaxed);
+    // Said first, whole, by its size (without waiting: core/note.hpp), then counted (see refuse()).
+    weir::core::note_line(applied->line);
     // A later attempt (refused meanwhile) has the last word on "last".
     if (*applied->attempts == applied->attempt) st.last_ok.store(true, std::memory_order_relaxed);
     st.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
     st.generation.store(applied->id, std::memory_order_relaxed);
-    // Whole, by its size (without waiting: core/note.hpp).
-    weir::core::note_line(applied->line);
+    st.succeeded.fetch_add(1, std::memory_order_relaxed);
   };
   if (shared_.workers.empty()) on_all();
   for (gateway::Worker* w : shared_.workers)
