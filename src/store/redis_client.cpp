@@ -85,7 +85,7 @@ std::string first_sentence(std::string_view m) {
   return std::string(m);
 }
 
-// How drop_connection() tells of a connection dropped for a wrong_server_reply().
+// How drop_connection() tells of a connection dropped for a wrong_server_reply() or a refused_reply().
 enum class Wrong : std::uint8_t { no, log, quiet };
 
 }  // namespace
@@ -106,6 +106,17 @@ bool wrong_server_reply(std::string_view m) noexcept {
       }
   }
   return false;
+}
+
+bool refused_reply(std::string_view m) noexcept {
+  // NOAUTH: Redis has `requirepass` (or an ACL default user with a password) and Weir sent none; every command
+  // on the connection is refused, and Redis closes it at the next pipelined one ("unauthenticated multibulk
+  // length"). WRONGPASS: AUTH refused later (relayed). "ERR max number of clients reached": sent unasked on
+  // accept, then Redis closes.
+  static constexpr std::string_view kRefused[] = {"NOAUTH", "WRONGPASS"};
+  for (std::string_view w : kRefused)
+    if (m.starts_with(w) && (m.size() == w.size() || m[w.size()] == ' ')) return true;
+  return m.starts_with("ERR max number of clients reached");
 }
 
 std::string endpoint_text(std::string_view host, std::uint16_t port) {
@@ -217,7 +228,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   // Otherwise (a command timeout, a write error, bytes that are not RESP, a
   // reply saying this server cannot take commands: `wrong`) the backoff
   // applies and commands fail at once meanwhile.
-  void drop_connection(const std::string& why, bool eof = false, Wrong wrong = Wrong::no) {
+  // `refused`: the Wrong reply was a refused_reply() (NOAUTH, maxclients), not a wrong_server_reply().
+  void drop_connection(const std::string& why, bool eof = false, Wrong wrong = Wrong::no, bool refused = false) {
     const bool was_connected = state == State::connected;
     const bool was_checking = checking;
     checking = false;
@@ -244,7 +256,17 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                         at_once ? "; reconnecting at once" : ""));
         announced_up = false;  // the next connection says "connected" again
       } else {
-        if (wrong == Wrong::log)
+        if (wrong == Wrong::log && refused)
+          log(
+              fmt::format("connection to {} refused: Redis answered {}{}; reconnecting with backoff (up to {} ms), "
+                          "logged again when the answer changes",
+                          endpoint_text(opt.host, opt.port), why,
+                          why.starts_with("NOAUTH") && opt.password.empty()
+                              ? " (Redis requires a password and Weir has none: set redis.password or "
+                                "redis.password_env)"
+                              : "",
+                          opt.reconnect_max.count()));
+        else if (wrong == Wrong::log)
           log(
               fmt::format("connection to {} dropped: Redis answered {}: this server does not take Weir's commands "
                           "(a replica, or no longer the master after a failover); reconnecting with backoff, which "
@@ -254,7 +276,10 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       }
       if (!at_once) {
         reported_down = true;
-        last_error = (wrong == Wrong::no ? "connection to Redis lost: " : "connection to Redis dropped: ") + why;
+        last_error = (wrong == Wrong::no ? "connection to Redis lost: "
+                      : refused          ? "connection to Redis refused: "
+                                         : "connection to Redis dropped: ") +
+                     why;
       }
     }
     // The completions of this connection's write and read still to come ignore themselves (they would
@@ -320,6 +345,16 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
 
   void dispatch(Result<Reply> r) {
     if (inflight.empty()) {
+      // An error Redis sends unasked ("ERR max number of clients reached" on accept, then it closes) is named.
+      if (!r && r.error().code == Errc::server) {
+        std::string why = first_sentence(r.error().message);
+        if (refused_reply(r.error().message)) {
+          refuse(std::move(why));
+          return;
+        }
+        drop_connection("reply without a command: " + why);
+        return;
+      }
       drop_connection("reply without a command");
       return;
     }
@@ -352,7 +387,23 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       drop_connection(wrong_why, false, how);
       return;
     }
-    if (!announced_up) {
+    // A connection Redis refuses to serve (NOAUTH: it wants a password Weir did not send): a failed
+    // handshake, not a connection that served. The reply is this command's answer.
+    if (!r && r.error().code == Errc::server && refused_reply(r.error().message)) [[unlikely]] {
+      std::string why = first_sentence(r.error().message);
+      if (!s.waiter->done) {
+        s.waiter->results[s.index] = std::move(r);
+        if (--s.waiter->remaining == 0) s.waiter->complete();
+      }
+      refuse(std::move(why));
+      return;
+    }
+    // The backoff is reset (and "connected" logged) once the connection has served: a reply that is not an
+    // error, or any reply after kServingFor. An error reply first (a refusal not foreseen above, then a
+    // close) leaves the backoff doubling: a server that answers every connection with an error and closes
+    // it is tried every reconnect_max, not every 50 ms.
+    const bool served = r.has_value() || std::chrono::steady_clock::now() - up_since >= kServingFor;
+    if (!announced_up && served) {
       announced_up = true;
       reported_down = false;
       last_error.clear();
@@ -371,6 +422,16 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (s.waiter->done) return;  // timed out: the late reply is dropped
     s.waiter->results[s.index] = std::move(r);
     if (--s.waiter->remaining == 0) s.waiter->complete();
+  }
+
+  // Drops a connection Redis refused (a refused_reply(), whose first sentence is `why`): logged when the
+  // reason changes, counted as a connect failure; the backoff goes on doubling (wrong_why, as for a
+  // wrong_server_reply()) until a connection has served for kServingFor.
+  void refuse(std::string why) {
+    ++stats.connect_failures;
+    const Wrong how = why == wrong_why ? Wrong::quiet : Wrong::log;
+    wrong_why = std::move(why);
+    drop_connection(wrong_why, false, how, true);
   }
 
   // Writes AUTH/SELECT and reads their replies on a fresh connection.

@@ -37,6 +37,13 @@ std::string endpoint_text(std::string_view host, std::uint16_t port);
 // client drops a connection that answers one (Client, "Command semantics").
 bool wrong_server_reply(std::string_view message) noexcept;
 
+// True when an error reply says that Redis refuses to serve this connection:
+// NOAUTH (Redis has `requirepass` and Weir sent no password), WRONGPASS,
+// "ERR max number of clients reached" (sent unasked on accept, then Redis
+// closes). The client takes such a connection as a failed attempt (Client,
+// "Command semantics").
+bool refused_reply(std::string_view message) noexcept;
+
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect
   std::uint16_t port = 6379;
@@ -95,6 +102,12 @@ struct ClientOptions {
 //    getting such replies the backoff is not reset (one attempt per
 //    reconnect_max at most) and the reply is logged once; "connected" is
 //    logged when a connection has taken commands again for 1 s.
+//  - A reply that says Redis refuses the connection (refused_reply(): NOAUTH,
+//    maxclients) is a failed connection attempt: that command's answer
+//    (Errc::server; a reply no command asked for is only logged), the
+//    connection dropped, the backoff not reset, the answer logged once per
+//    streak. The backoff starts over only once a connection has served: a
+//    reply that is not an error, or any reply once it has been up for 1 s.
 //  - Every connection has TCP keepalive: idle 30 s, probes every 10 s, 3
 //    unanswered end it (keeps NAT/firewall/load-balancer state alive, finds a
 //    vanished peer in about 60 s).

@@ -95,5 +95,28 @@ TEST(RedisWrongServerTest, ReplicasAndClusterRedirectsAreTheWrongServer) {
     EXPECT_FALSE(store::wrong_server_reply(m)) << m;
 }
 
+// Replies that refuse the connection itself (stop 61): a failed connection attempt, backed off, never a
+// connection that served (NOAUTH reset the backoff to 50 ms: 12-16 reconnections a second).
+TEST(RedisRefusedTest, AuthAndMaxclientsRefuseTheConnection) {
+  for (const char* m : {
+           "NOAUTH Authentication required.",
+           "WRONGPASS invalid username-password pair or user is disabled.",
+           "ERR max number of clients reached",
+       }) {
+    EXPECT_TRUE(store::refused_reply(m)) << m;
+    EXPECT_FALSE(store::wrong_server_reply(m)) << m;
+    EXPECT_FALSE(key_data_error(m)) << m;
+  }
+  for (const char* m : {
+           "NOPERM this user has no permissions to run the 'info' command",  // one command refused
+           "NOAUTHX not a code Redis sends",
+           "ERR unknown command 'EVALSHA'",
+           "OOM command not allowed when used memory > 'maxmemory'.",
+           "ERR Error running script (call to f_0123): @user_script:9: max number of clients reached",
+           "",
+       })
+    EXPECT_FALSE(store::refused_reply(m)) << m;
+}
+
 }  // namespace
 }  // namespace weir::admission
