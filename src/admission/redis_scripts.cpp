@@ -13,6 +13,33 @@ if ty ~= 'hash' and ty ~= 'none' then
   bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
 end
 )lua";
+
+// The slots and budget scripts' bound on one hash (kMaxHashFields,
+// redis_scripts.hpp): `n` = HLEN (through pcall: an ACL user without +hlen,
+// given before this bound existed, still works, without it). A hash past the
+// bound is bad data: the caller resets it.
+// drop(k) deletes a key with UNLINK (its memory freed in the background: a
+// DEL of a 300,000-field hash blocks Redis ~300 ms, UNLINK ~35 ms), or DEL
+// where UNLINK is refused (an ACL without +unlink).
+constexpr const char* kTooBig = R"lua(local MAXF = 4096
+local function too_big(k)
+  local n = redis.pcall('HLEN', k)
+  if type(n) == 'number' and n > MAXF then return n end
+  return nil
+end
+local function drop(k)
+  local r = redis.pcall('UNLINK', k)
+  if type(r) == 'table' and r.err then redis.call('DEL', k) end
+end
+)lua";
+
+// How far ahead of Redis TIME an entry's expiry may lie: Weir writes now +
+// slot_ttl; a replica whose slot_ttl is up to twice this one's, and a minute
+// of slack, pass. Beyond that (a hand-written "held:99999999999999") is bad
+// data, which would otherwise be honoured forever (every renewal re-PEXPIREs
+// the hash).
+constexpr const char* kFarExpiry = R"lua(local function far(exp) return exp > now + 2 * ttl + 60000 end
+)lua";
 }  // namespace
 
 // Token bucket lease. The global bucket lives in one hash: v = units
@@ -76,8 +103,9 @@ return {grant, math.floor(v), full_ms, bad}
 // its spare slots back at once (a cap of 1 moves to the replica that needs it).
 // KEYS[1] hash; ARGV: replica id, want, floor, limit, ttl ms, in use, demand.
 // (Entries of three fields, from an older Weir: in use = held, demand = want > held.)
-// An entry that does not parse is dropped; a key that is no hash is taken
-// as missing and overwritten (as lease.lua).
+// An entry that does not parse, or expires more than 2 x ttl + 60 s ahead
+// (kFarExpiry), is dropped; a key that is no hash, or has more than 4096
+// fields (kTooBig), is taken as missing and overwritten (as lease.lua).
 // Returns {granted, slots held by the other live replicas, replicas starved,
 // slots the other live replicas have in use, what was reset ('' = nothing)}.
 const store::Script& slots_script() {
@@ -91,11 +119,24 @@ local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local used = tonumber(ARGV[6] or ARGV[3])
 local demand = tonumber(ARGV[7] or '0')
-)lua") + kResetUnlessHash + R"lua(local all = redis.call('HGETALL', KEYS[1])
+)lua") + kResetUnlessHash + kTooBig +
+                               kFarExpiry + R"lua(local n = too_big(KEYS[1])
+if n then
+  drop(KEYS[1])
+  if bad == '' then bad = KEYS[1] .. ' held ' .. n .. ' entries (more than ' .. MAXF .. ')' end
+end
+local all = redis.call('HGETALL', KEYS[1])
 local others, others_used, starved, wanting = 0, 0, 0, 1
 for i = 1, #all, 2 do
   if all[i] ~= id then
     local held, exp, w, u, d = string.match(all[i + 1], '^(%d+):(%d+):?(%d*):?(%d*):?(%d*)$')
+    if held and far(tonumber(exp)) then
+      if bad == '' then
+        bad = KEYS[1] .. ' entry ' .. all[i] .. ' expiring ' .. string.format('%.0f', tonumber(exp) - now) ..
+          ' ms ahead (more than 2 x slot_ttl + 60 s)'
+      end
+      held = nil
+    end
     if held and tonumber(exp) > now then
       held = tonumber(held)
       others = others + held
@@ -135,6 +176,11 @@ return {grant, others, starved, others_used, bad}
 //   s:<id>    that replica's running total of settled spend (a push sets it
 //             to max(old, cum) and adds the difference to total, so a
 //             retried push counts once)
+//   t:<id>    Redis ms of that replica's last push: an s:<id> whose t: is
+//             older than max(1 day, 100 x ttl) (its process gone: ids are per
+//             process) is dropped with it (total counts it already), so a
+//             hash that never expires (period 0) does not keep a field per
+//             replica ever started; an s: without a t: is stamped now
 //   a:<id>    "allowance:expiry_ms": what that replica may hold in
 //             reservations of requests in flight plus settled spend it has not
 //             pushed yet. Dropped once expired (a crashed replica's share
@@ -158,9 +204,11 @@ return {grant, others, starved, others_used, bad}
 // pushes its running total again: at once here, within slot_ttl / 3 on the
 // others). The reply says what was reset.
 // Returns {granted, total, this replica's s:, period, ms left (-1 = never),
-// others' allowances, what was reset ('' = nothing)}.
+// others' allowances, what was reset ('' = nothing)}. An allowance expiring
+// more than 2 x ttl + 60 s ahead is dropped as bad data; a hash of more
+// than 4096 fields keeps only its `total`.
 const store::Script& budget_script() {
-  static const store::Script s(R"lua(
+  static const store::Script s(std::string(R"lua(
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local id = ARGV[1]
@@ -219,6 +267,7 @@ elseif period > 0 then
 end
 local function key(i) return KEYS[1] .. ':' .. tag .. string.format('%.0f', i) end
 local bad = ''
+)lua") + kTooBig + kFarExpiry + R"lua(local FOLD = math.max(86400000, 100 * ttl)
 local function check(k)
   local ty = redis.call('TYPE', k).ok
   local why = nil
@@ -236,6 +285,19 @@ local function check(k)
   if why then
     redis.call('DEL', k)
     if bad == '' then bad = k .. ' held ' .. why end
+  elseif ty == 'hash' then
+    -- Past the bound: every field but `total` goes (the replicas' running totals and allowances; total keeps
+    -- their spend, and the live replicas' pushes add theirs again: an overcount, never an overspend).
+    local n = too_big(k)
+    if n then
+      local t = redis.call('HGET', k, 'total')
+      drop(k)
+      if t then
+        redis.call('HSET', k, 'total', t)
+        if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
+      end
+      if bad == '' then bad = k .. ' held ' .. n .. ' fields (more than ' .. MAXF .. ')' end
+    end
   end
 end
 if claimed >= 0 and cum > 0 then
@@ -247,26 +309,55 @@ if claimed >= 0 and cum > 0 then
     redis.call('HSET', k, 's:' .. id, ARGV[4])
     if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
   end
+  redis.call('HSET', k, 't:' .. id, string.format('%.0f', now))
 end
 local k = key(idx)
 if idx ~= claimed or cum <= 0 then check(k) end
 local all = redis.call('HGETALL', k)
 local total, mine, others = 0, 0, 0
 local me = 'a:' .. id
+-- t:<member>: Redis ms of that member's last push (every slot_ttl / 3 while it has spend). A running total
+-- s:<member> whose member has not pushed for FOLD (a replica that exited or crashed: ids are per process) is
+-- dropped with its t:; `total` already counts it. One without a t: (written before t: existed) is stamped now.
+local seen = {}
+for i = 1, #all, 2 do
+  if string.sub(all[i], 1, 2) == 't:' then seen[string.sub(all[i], 3)] = tonumber(all[i + 1]) end
+end
 for i = 1, #all, 2 do
   local f = all[i]
+  local pre = string.sub(f, 1, 2)
   if f == 'total' then
     total = tonumber(all[i + 1])
   elseif f == 's:' .. id then
     mine = tonumber(all[i + 1])
-  elseif string.sub(f, 1, 2) == 'a:' and f ~= me then
+  elseif pre == 's:' then
+    local m = string.sub(f, 3)
+    local t = seen[m]
+    if t == nil or t > now then
+      redis.call('HSET', k, 't:' .. m, string.format('%.0f', now))
+    elseif now - t > FOLD then
+      redis.call('HDEL', k, f, 't:' .. m)
+    end
+    seen[m] = false
+  elseif pre == 'a:' and f ~= me then
     local held, exp = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if held and far(tonumber(exp)) then
+      if bad == '' then
+        bad = k .. ' field ' .. f .. ' expiring ' .. string.format('%.0f', tonumber(exp) - now) ..
+          ' ms ahead (more than 2 x slot_ttl + 60 s)'
+      end
+      held = nil
+    end
     if held and tonumber(exp) > now then
       others = others + tonumber(held)
     else
       redis.call('HDEL', k, f)
     end
   end
+end
+-- A t: without its s: (the s: was folded or reset) goes too.
+for m, t in pairs(seen) do
+  if t and m ~= id then redis.call('HDEL', k, 't:' .. m) end
 end
 local grant = math.max(inuse, math.min(want, limit - total - others))
 if grant > 0 then

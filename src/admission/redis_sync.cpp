@@ -564,6 +564,14 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     }
     if (!outage.empty()) continue;
     outage = outage_reason(e);
+    // Replies come in order: the commands before this one were answered, so a timeout here names the key
+    // Redis was working on when the time ran out (or had not reached: a Redis that stopped answering).
+    if (e.code == store::Errc::timeout && k < ops.size() && ops[k].kind != Op::Kind::probe)
+      outage += fmt::format(" (the first unanswered command: the {} script on {})",
+                            ops[k].kind == Op::Kind::lease   ? "lease"
+                            : ops[k].kind == Op::Kind::slots ? "slots"
+                                                             : "budget",
+                            op_key(ops[k]));
     answered = e.code == store::Errc::server;
     // The probe of this outage replays the op that failed (or writes a key of ours).
     if (!deg) {
