@@ -24,7 +24,14 @@ namespace asio = boost::asio;
 // Fields of a key record, in HMGET order.
 constexpr std::string_view kFields[] = {"id", "tenant", "models", "tier", "revoked", "expires_at", "limits", "budget"};
 constexpr std::size_t kMaxField = kMaxKeyRecordField;
+// Invalid key records (log_invalid): each distinct line once per kInvalidRepeatEvery (a record refused
+// per worker once per key_negative_ttl is not logged each time), at most kInvalidLines lines per
+// kInvalidLogEvery (many broken records are each named, a flood of them is bounded), and at most
+// kInvalidRemembered lines remembered.
 constexpr auto kInvalidLogEvery = std::chrono::seconds(10);
+constexpr std::uint32_t kInvalidLines = 32;
+constexpr auto kInvalidRepeatEvery = std::chrono::minutes(10);
+constexpr std::size_t kInvalidRemembered = 4096;
 
 std::uint64_t load64(const unsigned char* p) noexcept {
   std::uint64_t v;
@@ -340,18 +347,34 @@ void RedisKeys::log_invalid(std::string_view raw) {
     else
       what += c;
   }
-  // An invalid record is refused per worker once per key_negative_ttl; keep the log to one line per 10 s.
   const auto now = std::chrono::steady_clock::now();
-  if (last_invalid_log_ != std::chrono::steady_clock::time_point{} && now - last_invalid_log_ < kInvalidLogEvery) {
-    ++invalid_suppressed_;
+  if (const auto it = invalid_logged_.find(what);
+      it != invalid_logged_.end() && now - it->second < kInvalidRepeatEvery) {
+    ++invalid_suppressed_;  // said already
     return;
   }
-  last_invalid_log_ = now;
+  if (invalid_window_ == std::chrono::steady_clock::time_point{} || now - invalid_window_ >= kInvalidLogEvery) {
+    invalid_window_ = now;
+    invalid_lines_ = 0;
+  }
+  if (invalid_lines_ >= kInvalidLines) {
+    ++invalid_suppressed_;  // not remembered: said when the rate allows
+    return;
+  }
+  ++invalid_lines_;
+  if (invalid_logged_.size() >= kInvalidRemembered) {
+    std::erase_if(invalid_logged_, [&](const auto& e) { return now - e.second >= kInvalidRepeatEvery; });
+    if (invalid_logged_.size() >= kInvalidRemembered) invalid_logged_.clear();
+  }
   if (invalid_suppressed_)
-    log_(fmt::format("{} ({} more invalid-record lookups in the last 10 s)", what, invalid_suppressed_));
+    log_(
+        fmt::format("{} ({} more invalid-record lookups not logged since the last such line: said before, or "
+                    "over {} lines per {} s)",
+                    what, invalid_suppressed_, kInvalidLines, kInvalidLogEvery.count()));
   else
     log_(what);
   invalid_suppressed_ = 0;
+  invalid_logged_[std::move(what)] = now;
 }
 
 RedisKeys::Stats RedisKeys::stats() const noexcept {

@@ -177,7 +177,11 @@ class RedisKeys {
   std::unordered_map<std::string, Sha256Digest> id_owner_;
   std::map<Sha256Digest, std::string> id_of_;
   bool running_ = false;
-  std::chrono::steady_clock::time_point last_invalid_log_{};
+  // log_invalid(): each distinct line (it names the record's id) once per kInvalidRepeatEvery, at most
+  // kInvalidLines lines per kInvalidLogEvery; the lines remembered, at most kInvalidRemembered.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> invalid_logged_;
+  std::chrono::steady_clock::time_point invalid_window_{};
+  std::uint32_t invalid_lines_ = 0;  // lines logged in the window that began at invalid_window_
   std::uint64_t invalid_suppressed_ = 0;
 
   std::atomic<bool> stopped_{false};
