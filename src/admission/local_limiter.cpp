@@ -8,8 +8,11 @@
 namespace weir::admission {
 
 namespace {
-constexpr double kEps = 1e-9;  // units: below this a bucket counts as exact
+constexpr double kEps = 1e-9;  // units: a cost above depth + kEps is never admitted
 constexpr double kNsPerMin = 60e9;
+// The farthest a TAT or a bucket reaches, ns (2^61: 73 years): a bucket deeper than that
+// (a burst of more than 73 years of its rate) is cut there, and a debt stops growing there.
+constexpr std::int64_t kFarNs = std::int64_t{1} << 61;
 
 // The Unix time (ns) of steady instant `t`: one read of each clock.
 std::int64_t unix_ns_of(Instant t) noexcept {
@@ -42,7 +45,10 @@ void LocalLimiter::init(Scope& sc, const auth::ScopeInfo& info) {
     s.rate_per_min = static_cast<double>(rates[b]);
     s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
     s.t_ns = kNsPerMin * n / s.rate_per_min;
-    s.tau_ns = s.depth / n * s.t_ns;
+    // (Below 1 ns a unit, above 1e9 units a second a shard, a unit is taken as 1 ns.)
+    s.total_ns = std::max<std::int64_t>(cost_ns(s, s.depth), shards_);
+    s.tau_ns = s.total_ns / shards_;
+    s.tau_extra = static_cast<std::uint32_t>(s.total_ns % shards_);
   }
   sc.max_streams = l.max_concurrent_streams;
   sc.has_budget = info.budget.any();
@@ -54,8 +60,8 @@ void LocalLimiter::init(Scope& sc, const auth::ScopeInfo& info) {
   sc.window.store(INT64_MIN, std::memory_order_relaxed);  // the first roll() sets the current window
   sc.shards = std::make_unique<Shard[]>(shards_);
   for (std::uint32_t j = 0; j < shards_; ++j) {
-    sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
-    sc.shards[j].tat[1].store(0.0, std::memory_order_relaxed);
+    sc.shards[j].tat[0].store(INT64_MIN / 2, std::memory_order_relaxed);  // full
+    sc.shards[j].tat[1].store(INT64_MIN / 2, std::memory_order_relaxed);
     const std::uint64_t share = sc.max_streams / shards_ + (j < sc.max_streams % shards_ ? 1 : 0);
     sc.shards[j].free_streams.store(static_cast<std::int64_t>(share), std::memory_order_relaxed);
   }
@@ -101,15 +107,19 @@ void LocalLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now
 
 void LocalLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
   if (from >= scope_count_ || to >= scope_count_ || from == to) return;
-  const double t = ns(now);
+  const std::int64_t t = ns(now);
   for (int b = 0; b < 2; ++b) {
     const Spec& src = at(from).spec[b];
     const Spec& dst = at(to).spec[b];
     if (!src.enabled || !dst.enabled) continue;  // a bucket new to the scope starts full
-    const double level = std::min(available(from, static_cast<Bucket>(b), now), dst.depth);
-    // Spread evenly over the shards: available = (now + tau - tat) / t per shard.
-    const double tat = t + dst.tau_ns - level / shards_ * dst.t_ns;
-    for (std::uint32_t j = 0; j < shards_; ++j) at(to).shards[j].tat[b].store(tat, std::memory_order_relaxed);
+    // What the new bucket misses of full, spread evenly over its shards (a full one stays exactly full).
+    const double lvl = level(at(from), b, t);
+    const std::int64_t missing =
+        lvl >= dst.depth ? 0 : dst.total() - (lvl <= 0 ? 0 : std::min(cost_ns(dst, lvl), dst.total()));
+    for (std::uint32_t j = 0; j < shards_; ++j) {
+      const std::int64_t lag = missing / shards_ + (j < missing % shards_ ? 1 : 0);
+      at(to).shards[j].tat[b].store(lag > 0 ? t + lag : INT64_MIN / 2, std::memory_order_relaxed);
+    }
   }
   retire(from, to, now);
 }
@@ -196,34 +206,52 @@ BudgetWindow Limiter::budget_window(std::uint32_t /*scope*/, const auth::Budget&
   return {start, start + p};
 }
 
-double LocalLimiter::ns(Instant t) const noexcept {
-  return std::chrono::duration<double, std::nano>(t - epoch_).count();
+std::int64_t LocalLimiter::ns(Instant t) const noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t - epoch_).count();
 }
 
-double LocalLimiter::shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept {
-  const double base = std::max(tat.load(std::memory_order_relaxed), now);
-  return (now + s.tau_ns - base) / s.t_ns;
+std::int64_t LocalLimiter::cost_ns(const Spec& s, double units) noexcept {
+  const double v = units * s.t_ns;
+  return v >= static_cast<double>(kFarNs) ? kFarNs : v <= 0 ? 0 : static_cast<std::int64_t>(v);  // floor
 }
 
-double LocalLimiter::take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept {
-  double cur = tat.load(std::memory_order_relaxed);
+std::int64_t LocalLimiter::refund_ns(const Spec& s, double units) noexcept {
+  const double v = std::ceil(units * s.t_ns);
+  return v >= static_cast<double>(kFarNs) ? kFarNs : v <= 0 ? 0 : static_cast<std::int64_t>(v);
+}
+
+std::int64_t LocalLimiter::shard_ns(const Scope& sc, int bi, std::uint32_t j, std::int64_t now) const noexcept {
+  const std::int64_t lag = sc.shards[j].tat[bi].load(std::memory_order_relaxed) - now;
+  return sc.spec[bi].tau(j) - std::max<std::int64_t>(lag, 0);
+}
+
+double LocalLimiter::level(const Scope& sc, int bi, std::int64_t now) const noexcept {
+  const Spec& s = sc.spec[bi];
+  std::int64_t have = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) have += shard_ns(sc, bi, j, now);
+  // Full: the depth itself (have / t_ns is short of it by the ns cost_ns rounded away).
+  return have >= s.total() ? s.depth : static_cast<double>(have) / s.t_ns;
+}
+
+std::int64_t LocalLimiter::take_up_to(std::int64_t tau, std::atomic<std::int64_t>& tat, std::int64_t want,
+                                      std::int64_t now) noexcept {
+  std::int64_t cur = tat.load(std::memory_order_relaxed);
   while (true) {
-    const double base = std::max(cur, now);
-    const double avail = (now + s.tau_ns - base) / s.t_ns;
-    if (avail <= kEps) return 0;
-    const double got = std::min(want, avail);
-    if (tat.compare_exchange_weak(cur, base + got * s.t_ns, std::memory_order_acq_rel, std::memory_order_relaxed))
-      return got;
+    const std::int64_t base = std::max(cur, now);
+    const std::int64_t avail = tau - (base - now);
+    if (avail <= 0) return 0;
+    const std::int64_t got = std::min(want, avail);
+    if (tat.compare_exchange_weak(cur, base + got, std::memory_order_acq_rel, std::memory_order_relaxed)) return got;
   }
 }
 
-double LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept {
-  double cur = tat.load(std::memory_order_relaxed);
+std::int64_t LocalLimiter::refund(std::atomic<std::int64_t>& tat, std::int64_t amount, std::int64_t now) noexcept {
+  std::int64_t cur = tat.load(std::memory_order_relaxed);
   while (true) {
-    const double next = std::max(cur - amount * s.t_ns, now);  // a full bucket stays full
-    if (next >= cur) return amount;
+    if (cur <= now) return amount;  // a full bucket stays full
+    const std::int64_t next = cur - std::min(amount, cur - now);
     if (tat.compare_exchange_weak(cur, next, std::memory_order_acq_rel, std::memory_order_relaxed))
-      return std::max(0.0, amount - (cur - next) / s.t_ns);  // what did not fit
+      return amount - (cur - next);  // what did not fit
   }
 }
 
@@ -233,61 +261,62 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0) return {};
   if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
-  const double t = ns(now);
+  const std::int64_t t = ns(now);
   const int bi = static_cast<int>(b);
   const std::uint32_t own = shard_of(worker);
-  double got = take_up_to(s, sc.shards[own].tat[bi], cost, t);
-  if (got >= cost - kEps) return {};  // the common case: the worker's own shard had it
+  // cost == depth is the whole bucket (the same rounding as Spec::total()).
+  const std::int64_t need = std::clamp<std::int64_t>(cost_ns(s, cost), 1, s.total());
+  std::int64_t got = take_up_to(s.tau(own), sc.shards[own].tat[bi], need, t);
+  if (got >= need) return {};  // the common case: the worker's own shard had it
 
-  double taken[kMaxShards];
+  std::int64_t taken[kMaxShards];
   taken[0] = got;
   std::uint32_t k = 1;
-  for (; k < shards_ && got < cost - kEps; ++k) {
+  for (; k < shards_ && got < need; ++k) {
     const std::uint32_t j = (own + k) % shards_;
-    taken[k] = take_up_to(s, sc.shards[j].tat[bi], cost - got, t);
+    taken[k] = take_up_to(s.tau(j), sc.shards[j].tat[bi], need - got, t);
     got += taken[k];
   }
-  if (got >= cost - kEps) return {};
+  if (got >= need) return {};
   // Not enough anywhere: put every borrowed unit back where it came from.
   for (std::uint32_t i = 0; i < k; ++i)
-    if (taken[i] > 0) refund(s, sc.shards[(own + i) % shards_].tat[bi], taken[i], t);
+    if (taken[i] > 0) refund(sc.shards[(own + i) % shards_].tat[bi], taken[i], t);
   // The wait of these shards, not of one bucket at rate r: a full shard
   // gains nothing, so the bucket may refill at as little as r/N.
-  return TakeResult{.ok = false, .retry_after_s = wait_seconds(wait_ns(sc, bi, cost, t))};
+  return TakeResult{.ok = false, .retry_after_s = wait_seconds(wait_ns(sc, bi, need, t))};
 }
 
-double LocalLimiter::wait_ns(const Scope& sc, int bi, double cost, double now) const noexcept {
+double LocalLimiter::wait_ns(const Scope& sc, int bi, std::int64_t need, std::int64_t now) const noexcept {
   const Spec& s = sc.spec[bi];
-  const double cap = s.tau_ns / s.t_ns;  // a shard's depth, units
-  // Shard j gives take() clamp(level_j + dt / t_ns, 0, cap) units after dt
-  // ns: nothing until its debt is paid (start), then a unit per t_ns until
-  // it is full (fill = tat - now).
-  double starts[kMaxShards];
-  double fills[kMaxShards];
+  // Shard j gives take() clamp(tau_j - lag + dt, 0, tau_j) ns after dt ns: nothing
+  // until its debt is paid (start = lag - tau_j), then 1 ns a ns until it is full (lag).
+  std::int64_t starts[kMaxShards];
+  std::int64_t fills[kMaxShards];
   std::uint32_t filling = 0;
-  double have = 0;
+  std::int64_t have = 0;
   for (std::uint32_t j = 0; j < shards_; ++j) {
-    const double fill = sc.shards[j].tat[bi].load(std::memory_order_relaxed) - now;
-    if (fill <= 0) {
-      have += cap;  // full: gains nothing more
+    const std::int64_t tau = s.tau(j);
+    const std::int64_t lag = sc.shards[j].tat[bi].load(std::memory_order_relaxed) - now;
+    if (lag <= 0) {
+      have += tau;  // full: gains nothing more
       continue;
     }
-    have += std::clamp((s.tau_ns - fill) / s.t_ns, 0.0, cap);
-    starts[filling] = std::max(fill - s.tau_ns, 0.0);
-    fills[filling] = fill;
+    have += std::clamp<std::int64_t>(tau - lag, 0, tau);
+    starts[filling] = std::max<std::int64_t>(lag - tau, 0);
+    fills[filling] = lag;
     ++filling;
   }
-  if (have >= cost - kEps) return 0;
+  if (have >= need) return 0;
   std::sort(starts, starts + filling);
   std::sort(fills, fills + filling);
-  // Between two breakpoints the k shards that are filling gain k / t_ns units a ns.
-  double at = 0;
+  // Between two breakpoints the k shards that are filling gain k ns a ns.
+  std::int64_t at = 0;
   std::uint32_t k = 0, si = 0, fi = 0;
   while (fi < filling) {
     const bool start_next = si < filling && starts[si] <= fills[fi];
-    const double next = start_next ? starts[si] : fills[fi];
-    const double gain = k * (next - at) / s.t_ns;
-    if (k > 0 && have + gain >= cost - kEps) return at + (cost - have) * s.t_ns / k;
+    const std::int64_t next = start_next ? starts[si] : fills[fi];
+    const std::int64_t gain = static_cast<std::int64_t>(k) * (next - at);
+    if (k > 0 && have + gain >= need) return static_cast<double>(at) + static_cast<double>(need - have) / k;
     have += gain;
     at = next;
     if (start_next) {
@@ -298,7 +327,7 @@ double LocalLimiter::wait_ns(const Scope& sc, int bi, double cost, double now) c
       ++fi;
     }
   }
-  return at;  // every shard full: the whole depth (>= cost; rounding aside)
+  return static_cast<double>(at);  // every shard full: the whole bucket (>= need)
 }
 
 std::uint32_t LocalLimiter::seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
@@ -306,7 +335,7 @@ std::uint32_t LocalLimiter::seconds_until(std::uint32_t scope, Bucket b, double 
   if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return seconds_until(f, b, cost, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0 || cost > s.depth + kEps) return 0;
-  const double w = wait_ns(sc, static_cast<int>(b), cost, ns(now));
+  const double w = wait_ns(sc, static_cast<int>(b), std::clamp<std::int64_t>(cost_ns(s, cost), 1, s.total()), ns(now));
   return w <= 0 ? 0 : wait_seconds(w);
 }
 
@@ -315,7 +344,7 @@ std::uint32_t LocalLimiter::millis_until(std::uint32_t scope, Bucket b, double c
   if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return millis_until(f, b, cost, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0 || cost > s.depth + kEps) return 0;
-  const double w = wait_ns(sc, static_cast<int>(b), cost, ns(now));
+  const double w = wait_ns(sc, static_cast<int>(b), std::clamp<std::int64_t>(cost_ns(s, cost), 1, s.total()), ns(now));
   return w <= 0 ? 0 : wait_millis(w);
 }
 
@@ -328,12 +357,12 @@ void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker
   // The worker's own shard first; what does not fit there (a reservation
   // that borrowed from other shards) goes to the others, so no unit the
   // request did not use is lost while the bucket as a whole has room.
-  const double t = ns(now);
+  const std::int64_t t = ns(now);
   const int bi = static_cast<int>(b);
   const std::uint32_t own = shard_of(worker);
-  double left = refund(s, sc.shards[own].tat[bi], amount, t);
-  for (std::uint32_t k = 1; k < shards_ && left > kEps; ++k)
-    left = refund(s, sc.shards[(own + k) % shards_].tat[bi], left, t);
+  std::int64_t left = refund(sc.shards[own].tat[bi], refund_ns(s, amount), t);
+  for (std::uint32_t k = 1; k < shards_ && left > 0; ++k)
+    left = refund(sc.shards[(own + k) % shards_].tat[bi], left, t);
 }
 
 void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
@@ -348,18 +377,22 @@ void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
   // the other workers admit from theirs while the bucket as a whole owed
   // (each shard refills at r/N: spread evenly, all come back to zero
   // together, when the whole bucket does).
-  const double t = ns(now);
+  const std::int64_t t = ns(now);
   const int bi = static_cast<int>(b);
   const std::uint32_t own = shard_of(worker);
-  double left = amount - take_up_to(s, sc.shards[own].tat[bi], amount, t);
-  for (std::uint32_t k = 1; k < shards_ && left > kEps; ++k)
-    left -= take_up_to(s, sc.shards[(own + k) % shards_].tat[bi], left, t);
-  if (left <= kEps) return;
-  const double share = left / shards_;
+  const std::int64_t owe = cost_ns(s, amount);
+  std::int64_t left = owe - take_up_to(s.tau(own), sc.shards[own].tat[bi], owe, t);
+  for (std::uint32_t k = 1; k < shards_ && left > 0; ++k) {
+    const std::uint32_t j = (own + k) % shards_;
+    left -= take_up_to(s.tau(j), sc.shards[j].tat[bi], left, t);
+  }
+  if (left <= 0) return;
   for (std::uint32_t j = 0; j < shards_; ++j) {
+    const std::int64_t share = left / shards_ + (j < left % shards_ ? 1 : 0);
     auto& tat = sc.shards[j].tat[bi];
-    double cur = tat.load(std::memory_order_relaxed);
-    while (!tat.compare_exchange_weak(cur, std::max(cur, t) + share * s.t_ns, std::memory_order_acq_rel,
+    std::int64_t cur = tat.load(std::memory_order_relaxed);
+    // A debt stops growing kFarNs ahead (no overflow, whatever is charged).
+    while (!tat.compare_exchange_weak(cur, std::min(std::max(cur, t) + share, t + kFarNs), std::memory_order_acq_rel,
                                       std::memory_order_relaxed)) {
     }
   }
@@ -369,10 +402,7 @@ double LocalLimiter::available(std::uint32_t scope, Bucket b, Instant now) const
   const Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled) return 0;
-  const double t = ns(now);
-  double total = 0;
-  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[static_cast<int>(b)], t);
-  return total;
+  return level(sc, static_cast<int>(b), ns(now));
 }
 
 BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
@@ -381,23 +411,27 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   const Spec& s = sc.spec[static_cast<int>(b)];
   BucketView v;
   if (!s.enabled) return v;
-  const double t = ns(now);
-  double total = 0;
+  const std::int64_t t = ns(now);
+  const int bi = static_cast<int>(b);
+  std::int64_t have = 0;
   // Full again when its last shard is: each refills at r/N up to depth/N
   // and a full one gains nothing, so uneven shards take longer than
   // (depth - total) / r (up to N times).
-  double until_full_ns = 0;
+  std::int64_t until_full_ns = 0;
   for (std::uint32_t j = 0; j < shards_; ++j) {
-    const auto& tat = sc.shards[j].tat[static_cast<int>(b)];
-    total += shard_available(s, tat, t);
-    until_full_ns = std::max(until_full_ns, tat.load(std::memory_order_relaxed) - t);
+    have += shard_ns(sc, bi, j, t);
+    until_full_ns = std::max(until_full_ns, sc.shards[j].tat[bi].load(std::memory_order_relaxed) - t);
   }
+  const double total = level(sc, bi, t);
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
-  v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
+  // Whole units a take could have now: the most u with cost_ns(u) <= have.
+  std::uint64_t whole = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total));
+  if (total > 0 && cost_ns(s, static_cast<double>(whole + 1)) <= have) ++whole;
+  v.remaining = whole;
   v.level = total;
   v.rate_per_min = s.rate_per_min;
   v.depth = s.depth;
-  v.reset_ms = static_cast<std::uint64_t>(std::ceil(std::max(until_full_ns, 0.0) / 1e6 - 1e-9));
+  v.reset_ms = static_cast<std::uint64_t>((until_full_ns + 999'999) / 1'000'000);
   return v;
 }
 

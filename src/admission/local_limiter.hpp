@@ -20,8 +20,8 @@ namespace weir::admission {
 //
 // Tolerance (docs/admission.md): the shards add up to exactly the configured
 // bucket, so admission never exceeds r per minute plus b at once (beyond
-// deliberate debt from settle() and double rounding, < 1e-9 of a token per
-// operation). The error is on the safe side: under contention two workers
+// deliberate debt from settle() and integer rounding, < 1 ns of refill per
+// operation, the same at any uptime: Spec). The error is on the safe side: under contention two workers
 // that each hold a partial borrow can both refuse a request that either
 // alone would have admitted. A refund goes to the worker's own shard, and
 // what that shard cannot hold (units borrowed from others) to the other
@@ -113,15 +113,24 @@ class LocalLimiter final : public Limiter {
   double available(std::uint32_t scope, Bucket b, Instant now) const;
 
  private:
+  // A shard's bucket in integer nanoseconds of its own refill time (docs/admission.md, "Precision"): its
+  // TAT is ns since epoch_ in an int64, a unit costs t_ns of it, and a cost is turned into ns once, rounded
+  // down (a refund rounded up), so the sums stay exact at any uptime: a full bucket holds exactly
+  // floor(depth * t_ns) ns, what a request of cost == depth needs, and N takes of 1 never need more than
+  // one of N. Admission is exact to 1 ns of refill per operation (on the client's side), whatever the uptime.
   struct Spec {
     bool enabled = false;
-    double rate_per_min = 0;  // whole bucket
-    double depth = 0;         // whole bucket (burst)
-    double t_ns = 0;          // ns per unit in one shard (60e9 * N / rate)
-    double tau_ns = 0;        // shard depth in ns (depth / N * t_ns)
+    double rate_per_min = 0;      // whole bucket
+    double depth = 0;             // whole bucket (burst)
+    double t_ns = 0;              // ns of a shard's time per unit (60e9 * N / rate)
+    std::int64_t tau_ns = 0;      // a shard's depth in ns: floor(depth * t_ns) split over the N shards,
+    std::uint32_t tau_extra = 0;  // the first tau_extra of them holding 1 ns more
+    std::int64_t tau(std::uint32_t shard) const noexcept { return tau_ns + (shard < tau_extra ? 1 : 0); }
+    std::int64_t total_ns = 0;  // the whole bucket: floor(depth * t_ns), at least 1 ns a shard
+    std::int64_t total() const noexcept { return total_ns; }
   };
   struct alignas(64) Shard {
-    std::atomic<double> tat[2];  // per Bucket, ns since epoch; <= now means full
+    std::atomic<std::int64_t> tat[2];  // per Bucket, ns since epoch; <= now means full
     std::atomic<std::int64_t> free_streams{0};
   };
   // A scope carried to another (retire()) stays behind for the requests
@@ -155,18 +164,26 @@ class LocalLimiter final : public Limiter {
   Scope& at(std::uint32_t scope) noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
   const Scope& at(std::uint32_t scope) const noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
   void init(Scope& sc, const auth::ScopeInfo& info);
-  double ns(Instant t) const noexcept;
+  std::int64_t ns(Instant t) const noexcept;
   std::uint32_t shard_of(std::uint32_t worker) const noexcept { return worker % shards_; }
-  static double shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept;
+  // `units` as ns of a shard's refill time: rounded down (a cost) or up (a refund), within [0, kFarNs].
+  static std::int64_t cost_ns(const Spec& s, double units) noexcept;
+  static std::int64_t refund_ns(const Spec& s, double units) noexcept;
+  // The ns of refill shard `j` of bucket `bi` holds now (<= its tau; negative while in debt).
+  std::int64_t shard_ns(const Scope& sc, int bi, std::uint32_t j, std::int64_t now) const noexcept;
+  // Units in bucket `bi` summed over the shards: exactly its depth when every shard is full.
+  double level(const Scope& sc, int bi, std::int64_t now) const noexcept;
   // Nanoseconds from `now` until the shards of bucket `bi` of `sc` can give
-  // `cost` (<= depth) units between them, as take() borrows them, if no one
-  // takes meanwhile; 0 when they can now. Each shard refills at r/N up to
-  // depth/N only, and one in debt gives nothing until it is paid: the sum
+  // `need` ns (<= the bucket's total) between them, as take() borrows them, if no one
+  // takes meanwhile; 0 when they can now. Each shard refills 1 ns a ns up to its tau
+  // only, and one in debt gives nothing until it is paid: the sum
   // is piecewise linear in time, walked through its breakpoints.
-  double wait_ns(const Scope& sc, int bi, double cost, double now) const noexcept;
-  static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
-  // Puts `amount` units back into one shard, up to full; returns what did not fit.
-  static double refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
+  double wait_ns(const Scope& sc, int bi, std::int64_t need, std::int64_t now) const noexcept;
+  // Takes up to `want` ns from one shard whose depth is `tau`; returns what it took.
+  static std::int64_t take_up_to(std::int64_t tau, std::atomic<std::int64_t>& tat, std::int64_t want,
+                                 std::int64_t now) noexcept;
+  // Puts `amount` ns back into one shard, up to full; returns what did not fit.
+  static std::int64_t refund(std::atomic<std::int64_t>& tat, std::int64_t amount, std::int64_t now) noexcept;
   void roll(Scope& sc, Instant now);
   // Carries the in-flight state of `from` (its streams and its committed
   // spend) to `to` and marks `from` dead (Scope::forward).
