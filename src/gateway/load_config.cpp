@@ -1,7 +1,9 @@
 #include "gateway/load_config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -171,6 +173,27 @@ void check_zero_limits(Warnings& w, const YAML::Node& limits, const std::string&
   }
 }
 
+// A budget period given as a bare number is milliseconds (as every duration): `period: 86400` is 86.4 s, not a
+// day, and the budget resets a thousand times a day. A period is days or hours in practice, so a bare number
+// is most likely seconds (or a typo of a unit): said, with how it was read and how to write it. 0 (never) is
+// no mistake.
+void check_bare_period(Warnings& w, const YAML::Node& budget, const std::string& key) {
+  if (!budget || !budget.IsMap()) return;
+  const YAML::Node p = budget["period"];
+  if (!p || !p.IsScalar() || p.Scalar().empty()) return;
+  const std::string& v = p.Scalar();
+  if (!std::all_of(v.begin(), v.end(), [](unsigned char c) { return std::isdigit(c); })) return;
+  const std::uint64_t ms = std::strtoull(v.c_str(), nullptr, 10);
+  if (ms == 0) return;
+  warn(w, p, key + ".period",
+       fmt::format("{} is read as {} ms ({:g} s): a bare number is milliseconds; for {} seconds write {}s{}", v, v,
+                   static_cast<double>(ms) / 1000.0, v, v,
+                   ms % 86400 == 0  ? fmt::format(", {}h, or day for the calendar day", ms / 3600)
+                   : ms % 3600 == 0 ? fmt::format(" or {}h", ms / 3600)
+                   : ms % 60 == 0   ? fmt::format(" or {}m", ms / 60)
+                                    : std::string()));
+}
+
 // server.metrics.client_port's default: /metrics carries every tenant's spend, budget and request counts, and
 // the client port answers it without credentials, so with tenants it is served only on the admin listener when
 // there is one; without one it stays on the client port (else nothing could scrape it), said at start-up.
@@ -200,12 +223,14 @@ void compute_warnings(Warnings& w) {
       if (kv.second.IsMap()) {
         check_allow_list(w, index, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
         check_zero_limits(w, kv.second["limits"], "tenants." + kv.first.Scalar() + ".limits");
+        check_bare_period(w, kv.second["budget"], "tenants." + kv.first.Scalar() + ".budget");
       }
   if (const auto auth = root["auth"]; auth && auth.IsMap())
     if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
       for (std::size_t i = 0; i < keys.size(); ++i) {
         check_allow_list(w, index, keys[i]["models"], fmt::format("auth.api_keys[{}].models", i));
         check_zero_limits(w, keys[i]["limits"], fmt::format("auth.api_keys[{}].limits", i));
+        check_bare_period(w, keys[i]["budget"], fmt::format("auth.api_keys[{}].budget", i));
       }
   // With a default_pool any model name is served (and priced as sent).
   if (!out.config.default_pool) {
