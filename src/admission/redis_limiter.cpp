@@ -216,6 +216,36 @@ void RedisLimiter::carry_allowance(std::uint32_t from, std::uint32_t to) {
   sp.period_idx.store(old.period_idx.load(std::memory_order_relaxed), std::memory_order_release);
 }
 
+std::string RedisLimiter::period_hash(const SpendCtl& c, std::int64_t idx) {
+  const char* tag = c.calendar == 1 ? "d" : c.calendar == 2 ? "w" : c.calendar == 3 ? "m" : "";
+  return fmt::format("{}:{}{}", c.key, tag, idx);
+}
+
+bool RedisLimiter::holds_hash(const std::string& set, const std::string& hash) {
+  for (std::size_t i = 0; i < set.size();) {
+    const std::size_t end = set.find('\n', i);
+    if (end == std::string::npos) break;
+    if (set.compare(i, end - i, hash) == 0) return true;
+    i = end + 1;
+  }
+  return false;
+}
+
+std::string RedisLimiter::with_hash(const std::string& set, const std::string& hash) {
+  if (holds_hash(set, hash)) return set;
+  std::vector<std::string> all{hash};
+  for (std::size_t i = 0; i < set.size();) {
+    const std::size_t end = set.find('\n', i);
+    if (end == std::string::npos) break;
+    all.push_back(set.substr(i, end - i));
+    i = end + 1;
+  }
+  std::sort(all.begin(), all.end());
+  std::string out;
+  for (const auto& h : all) out.append(h).push_back('\n');
+  return out;
+}
+
 void RedisLimiter::supersede_slots(std::uint32_t from, std::uint32_t to) {
   // The old scope's spare stream slots go back at once: at the sync the new
   // scope's first request waits for (its slots counted as the others').
@@ -246,16 +276,57 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
   // (sync_once). Its share is that of every scope `from` continues in the
   // same period (a key whose limits changed, then its period): each pushed
   // under its own member.
+  // Each part is kept with the hashes that count it: the scopes' own spend with their period's hash,
+  // what they carried in with the hashes it came with plus theirs (their pushes put it there); a later
+  // carry back into one of those hashes does not push that part there again (day -> month -> day counted
+  // the day's spend twice, a flip more each time).
   std::int64_t mine = 0;
+  std::vector<std::pair<std::string, std::int64_t>> parts;
+  const auto add = [&parts](std::string hash, std::int64_t v) {
+    if (v <= 0) return;
+    for (auto& [h, n] : parts)
+      if (h == hash) {
+        n += v;
+        return;
+      }
+    parts.emplace_back(std::move(hash), v);
+  };
   std::uint32_t s = from;
   for (int steps = 0; s < scope_count_ && steps < 64; ++steps) {
-    mine += at(s).spend.mine.load(std::memory_order_acquire) +
-            std::max<std::int64_t>(at(s).spend.in_use.load(std::memory_order_acquire), 0);
+    const SpendCtl& cs = at(s).spend_ctl;
+    const std::int64_t m = at(s).spend.mine.load(std::memory_order_acquire) +
+                           std::max<std::int64_t>(at(s).spend.in_use.load(std::memory_order_acquire), 0);
+    mine += m;
+    // (A scope Redis never answered for has pushed nothing yet: its hash is not known.)
+    const std::string own = cs.idx >= 0 ? period_hash(cs, cs.idx) : std::string();
+    std::int64_t carried = 0;
+    for (const auto& [set, n] : cs.carried) {
+      add(own.empty() ? set : with_hash(set, own), std::min(n, m - carried));
+      carried += n;
+    }
+    // Its own (in flight too: those tickets settle there).
+    add(own.empty() ? std::string() : with_hash(std::string(), own), m - carried);
     const std::uint32_t prev = at(s).continues.load(std::memory_order_acquire);
     if (prev >= s) break;  // (scopes only continue older ones)
     s = prev;
   }
   if (mine <= 0) return;
+  // Bounded: the oldest parts beyond kCarriedMax count as of no known hash (pushed: an overcount, never an overspend).
+  while (parts.size() > SpendCtl::kCarriedMax) {
+    const std::int64_t n = parts.front().second;
+    parts.erase(parts.begin());
+    add(std::string(), n);
+  }
+  SpendCtl& bc = at(to).spend_ctl;
+  for (auto& [h, n] : parts) {
+    bool merged = false;
+    for (auto& [h2, n2] : bc.carried)
+      if (h2 == h) {
+        n2 += n;
+        merged = true;
+      }
+    if (!merged) bc.carried.emplace_back(std::move(h), n);
+  }
   Spend& sp = at(to).spend;
   sp.mine.fetch_add(mine, std::memory_order_acq_rel);
   sp.free.fetch_sub(mine, std::memory_order_acq_rel);
@@ -306,12 +377,14 @@ double RedisLimiter::ns(Instant t) const noexcept {
   return std::chrono::duration<double, std::nano>(t - epoch_).count();
 }
 
-double RedisLimiter::remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept {
+double RedisLimiter::remote_estimate(const Lease& l, std::uint32_t i, Instant now) const noexcept {
   const Spec& s = at(i / 2).spec[i % 2];
-  const double at = l.remote_at_ns.load(std::memory_order_relaxed);
+  const std::int64_t at = l.remote_at_ns.load(std::memory_order_relaxed);
   if (at < 0) return s.depth;  // never synced: a bucket nobody used is full
   const double avail = l.remote_avail.load(std::memory_order_relaxed);
-  return std::min(s.depth, avail + std::max(0.0, now_ns - at) * s.rate_per_min / 60e9);
+  // The time since the reply in integer ns: exact at any uptime (a double of ns since epoch_ is not).
+  const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() - at;
+  return std::min(s.depth, avail + static_cast<double>(std::max<std::int64_t>(since, 0)) * s.rate_per_min / 60e9);
 }
 
 // ---------------------------------------------------------------- workers
@@ -334,7 +407,7 @@ TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   }
   // Short: ask the next sync for a top-up even if nobody waits for it.
   if (!l.wanted.load(std::memory_order_relaxed)) l.wanted.store(true, std::memory_order_relaxed);
-  const double have = remote_estimate(l, i, ns(now)) + static_cast<double>(cur);
+  const double have = remote_estimate(l, i, now) + static_cast<double>(cur);
   if (have >= cost - kEps) return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
   return TakeResult{.ok = false, .retry_after_s = refill_seconds(cost - have, s.rate_per_min)};
 }
@@ -373,7 +446,7 @@ BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   // (Below 0 is a debt, usage above its estimate: the bucket is full again only once it is paid, as
   // LocalLimiter::view reads it.)
   const double total =
-      std::min(remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), s.depth);
+      std::min(remote_estimate(l, i, now) + static_cast<double>(l.units.load(std::memory_order_relaxed)), s.depth);
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
   v.level = total;

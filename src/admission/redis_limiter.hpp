@@ -220,6 +220,11 @@ class RedisLimiter final : public Limiter {
   void init_scope(std::size_t i, const auth::ScopeInfo& info);  // scope i's state (add_scopes, append_scope)
   // carry()'s part for a budget whose period changed (another hash in Redis).
   void carry_period_spend(std::uint32_t from, std::uint32_t to);
+  // The Redis hash budget.lua counts period `idx` of budget `c` in (its key(idx)).
+  static std::string period_hash(const SpendCtl& c, std::int64_t idx);
+  // A set of hashes as SpendCtl::carried keeps it: `set` with `hash` added, and whether it holds `hash`.
+  static std::string with_hash(const std::string& set, const std::string& hash);
+  static bool holds_hash(const std::string& set, const std::string& hash);
   // carry()'s part during an outage: the budget's unreserved allowance moves from `from` to `to`.
   void carry_allowance(std::uint32_t from, std::uint32_t to);
   void supersede_slots(std::uint32_t from, std::uint32_t to);
@@ -232,7 +237,7 @@ class RedisLimiter final : public Limiter {
   // Holds, owes and wants nothing, unused for lease_idle, its budget pushed: nothing for a sync to do.
   bool quiet(std::uint32_t scope, Instant now) const noexcept;
   std::chrono::milliseconds full_walk_every() const noexcept;
-  double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;
+  double remote_estimate(const Lease& l, std::uint32_t i, Instant now) const noexcept;
   double ns(Instant t) const noexcept;
 
   boost::asio::io_context& control_;

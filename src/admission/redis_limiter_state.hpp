@@ -27,10 +27,12 @@ struct RedisLimiter::Spec {
 };
 
 struct alignas(64) RedisLimiter::Lease {
-  std::atomic<std::int64_t> units{0};    // whole units this replica may admit; < 0 = debt not yet pushed
-  std::atomic<bool> wanted{false};       // a take found it short since the last sync
-  std::atomic<double> remote_avail{0};   // units in the global bucket at the last reply
-  std::atomic<double> remote_at_ns{-1};  // when (ns since epoch_); < 0 = never synced
+  std::atomic<std::int64_t> units{0};   // whole units this replica may admit; < 0 = debt not yet pushed
+  std::atomic<bool> wanted{false};      // a take found it short since the last sync
+  std::atomic<double> remote_avail{0};  // units in the global bucket at the last reply
+  // When (integer ns since epoch_: the time since, which refills the estimate, is exact at any uptime); < 0 = never
+  // synced.
+  std::atomic<std::int64_t> remote_at_ns{-1};
 };
 
 struct RedisLimiter::LeaseCtl {
@@ -124,6 +126,16 @@ struct RedisLimiter::SpendCtl {
   Instant last_used{};
   Instant keep_until{};  // as LeaseCtl::keep_until
   Instant period_end = Instant::max();
+  // Spend in `mine` carried from scopes of other periods (carry_period_spend), by the set of periods'
+  // hashes in Redis that count it already (period_hash()s, each followed by '\n', sorted; "" = none
+  // known): spend carried back into one of them (day -> month -> day) is not pushed there again. At most
+  // kCarriedMax entries.
+  std::vector<std::pair<std::string, std::int64_t>> carried;
+  static constexpr std::size_t kCarriedMax = 8;
+  // Of `carried`, what the current period's hash counts already under another member of this replica:
+  // set at the first reply (when the period is known), dropped when the period rolls. A push sends
+  // mine - skip, and the others' spend is total - pushed - skip.
+  std::int64_t skip = 0;
 };
 
 // One scope's state. Worker-shared parts first, each on its own cache line;

@@ -448,9 +448,11 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     if (!due) continue;
     c.last_sync = now;
     const std::string keys[] = {c.key};
-    const std::string args[] = {at(i).member,    str(c.period_ms), str(c.idx),   str(mine),
-                                str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
-                                str(c.calendar), str(c.offset_ms)};
+    // What the period's hash counts already of the carried spend is not pushed again (SpendCtl::skip).
+    const std::string args[] = {
+        at(i).member,    str(c.period_ms), str(c.idx),   str(std::max<std::int64_t>(mine - c.skip, 0)),
+        str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
+        str(c.calendar), str(c.offset_ms)};
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
     ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
   }
@@ -611,7 +613,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
           }
           if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
           l.remote_avail.store(static_cast<double>(r->elements[1].as_int()), std::memory_order_relaxed);
-          l.remote_at_ns.store(replied_ns, std::memory_order_relaxed);
+          l.remote_at_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(replied - epoch_).count(),
+                               std::memory_order_relaxed);
           leases_n_.fetch_add(1, std::memory_order_relaxed);
         } else {
           // Debt stays local (counted twice if it did reach Redis); units given
@@ -667,11 +670,20 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
           // The period rolled over: what was pushed belongs to the old one.
           sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
           c.pushed = 0;
+          c.carried.clear();  // (it was that period's)
+          c.skip = 0;
         } else if (c.idx >= 0) {
           c.pushed = op.a;
         }
+        if (c.idx < 0 && !c.carried.empty()) {
+          // The period is known: what its hash counts already of the spend carried in.
+          const std::string hash = period_hash(c, idx);
+          for (const auto& [set, n] : c.carried)
+            if (holds_hash(set, hash)) c.skip += n;
+        }
         c.idx = idx;
-        sp.others.store(total - mine_remote, std::memory_order_release);
+        // That part of `mine` is in `total` under another member, not in this one's `s:`.
+        sp.others.store(std::max<std::int64_t>(total - mine_remote - c.skip, 0), std::memory_order_release);
         c.remaining = c.limit - total - others_alloc;
         sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
         if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
