@@ -170,9 +170,15 @@ void build_completion_batch(std::string_view key, std::span<const std::string_vi
 }
 
 bool coalesce_key(std::string_view body, std::string& key) {
-  static constexpr std::array<std::string_view, 3> kKeys = {"temperature", "seed", "stream_options"};
+  static constexpr std::array<std::string_view, 5> kKeys = {"temperature", "seed", "stream_options",
+                                                            "kv_transfer_params", "ec_transfer_params"};
   std::array<std::optional<MemberSpan>, kKeys.size()> f;
   if (!find_members(body, kKeys, f) || !client_members_valid(body)) return false;
+  // vLLM's disaggregated serving (P/D: kv_transfer_params; E/P/D: ec_transfer_params): the answer carries the
+  // request's own transfer handle (the blocks its KV cache or encoder cache was left in, its request id), which
+  // one decoder pulls and frees. Shared, two decoders would pull the same blocks.
+  for (const std::size_t i : {3, 4})
+    if (f[i] && value_of(body, *f[i]) != "null") return false;
   bool deterministic = f[1] && value_of(body, *f[1]) != "null";
   if (f[0]) {
     double t = 1;

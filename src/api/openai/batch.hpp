@@ -60,7 +60,14 @@ void build_completion_batch(std::string_view key, std::span<const std::string_vi
 // `stream_options.continuous_usage_stats` is asked for (the generation's
 // per-chunk usage is its leader's choice), nor with `user` or
 // `stream_options` that vLLM would refuse (as for completion_batch_key), or
-// on bodies that are not objects.
+// on bodies that are not objects. Never with a (not null)
+// `kv_transfer_params` or `ec_transfer_params` (vLLM's disaggregated
+// serving): the answer is then that request's own state (the KV or encoder
+// cache blocks left for one decoder to pull), not a function of the body.
+// The other members of vLLM's ChatCompletionRequest and CompletionRequest
+// leave the answer a function of the body (`request_id` names the answer's
+// id, which each member gets as its own; `priority`, `cache_salt`,
+// `return_token_ids` change nothing it says between identical bodies).
 bool coalesce_key(std::string_view body, std::string& key);
 
 // Writes to `out` a coalesced generation's upstream body: `body` (its first

@@ -249,5 +249,22 @@ TEST(CompletionAssembler, BuildsVllmsNonStreamingBody) {
   EXPECT_EQ(boost::json::parse(out).at("choices").at(0).at("text"), " one \"two\"");
 }
 
+// A request for vLLM's disaggregated serving gets its own transfer handle in the answer (the KV or encoder cache
+// blocks one decoder pulls): never a generation shared with an identical request. Null is no request for it.
+TEST(CoalesceKey, DisaggregatedServingRequestsNeverShareAGeneration) {
+  std::string key;
+  EXPECT_TRUE(coalesce_key(R"({"model":"m","messages":[],"temperature":0})", key));
+  EXPECT_TRUE(coalesce_key(R"({"model":"m","messages":[],"temperature":0,"kv_transfer_params":null})", key));
+  EXPECT_TRUE(coalesce_key(R"({"model":"m","prompt":"p","seed":1,"request_id":"r","priority":1})", key));
+  for (
+      std::string_view body : {
+          R"({"model":"m","messages":[],"temperature":0,"kv_transfer_params":{"do_remote_decode":true}})",
+          R"({"model":"m","prompt":"p","seed":3,"kv_transfer_params":{}})",
+          R"({"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1]},"model":"m","messages":[],"temperature":0})",
+          R"({"model":"m","messages":[],"temperature":0,"ec_transfer_params":{"x":1}})",
+      })
+    EXPECT_FALSE(coalesce_key(body, key)) << body;
+}
+
 }  // namespace
 }  // namespace weir::api::openai
