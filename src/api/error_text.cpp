@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -89,7 +91,84 @@ std::string detail_message(const json::array& items) {
   return m;
 }
 
+// The decimal count right after the first `phrase` in `m` (past "at least "), or right before it (`after`
+// false); -1 when `m` has no such phrase or no digits there, or they do not fit an int64.
+std::int64_t count_at(std::string_view m, std::string_view phrase, bool after) {
+  const std::size_t at = m.find(phrase);
+  if (at == std::string_view::npos) return -1;
+  std::size_t begin = 0, end = 0;
+  if (after) {
+    begin = end = at + phrase.size();
+    if (m.substr(begin).starts_with("at least ")) begin = end = begin + 9;
+    while (end < m.size() && m[end] >= '0' && m[end] <= '9') ++end;
+  } else {
+    begin = end = at;
+    while (begin > 0 && m[begin - 1] >= '0' && m[begin - 1] <= '9') --begin;
+  }
+  if (begin == end || end - begin > 18) return -1;
+  std::int64_t n = 0;
+  for (std::size_t i = begin; i < end; ++i) n = n * 10 + (m[i] - '0');
+  return n;
+}
+
+// The first count `m` gives by any of `phrases` ({phrase, whether the count follows it}); -1 when none.
+std::int64_t first_count(std::string_view m, std::initializer_list<std::pair<std::string_view, bool>> phrases) {
+  for (const auto& [phrase, after] : phrases)
+    if (const std::int64_t n = count_at(m, phrase, after); n >= 0) return n;
+  return -1;
+}
+
 }  // namespace
+
+std::optional<ContextLengthError> context_length_error(std::string_view m) {
+  // What only a context-length refusal says (vLLM's, OpenAI's and Anthropic's wordings, error_text.hpp).
+  static constexpr std::string_view kSignatures[] = {
+      "maximum context length",                   // vLLM (every version), OpenAI
+      "the model's context length is only",       // vLLM's renderer
+      "is longer than the maximum model length",  // vLLM's engine
+      "prompt is too long: ",                     // Anthropic
+      "exceed context limit: ",                   // Anthropic
+  };
+  bool matched = false;
+  for (const auto sig : kSignatures) matched = matched || m.find(sig) != std::string_view::npos;
+  if (!matched) return std::nullopt;
+  ContextLengthError e;
+  e.limit = first_count(m, {{"maximum context length is ", true},
+                            {"maximum context length of ", true},
+                            {"context length is only ", true},
+                            {"maximum model length of ", true},
+                            {" maximum", false},  // Anthropic's "I tokens > L maximum"
+                            {" > ", true}});      // Anthropic's "I + O > L"
+  e.input = first_count(m, {{" in the messages", false},
+                            {" in the prompt", false},
+                            {" in your prompt", false},
+                            {" tokens in the messages", false},
+                            {" tokens in the input", false},
+                            {" input tokens", false},
+                            {" tokens from the input", false},
+                            {"prompt (length ", true},
+                            {"resulted in ", true},
+                            {"prompt is too long: ", true},
+                            {"exceed context limit: ", true}});
+  e.output = first_count(m, {{" in the completion", false},
+                             {" for the completion", false},
+                             {" output tokens", false},
+                             {" tokens for the completion", false},
+                             {"is too large: ", true},
+                             {" > ", false}});  // Anthropic's "I + O > L"
+  return e;
+}
+
+std::string anthropic_context_length_message(const ContextLengthError& e) {
+  if (e.limit <= 0 || e.input < 0) return {};
+  if (e.input > e.limit) return fmt::format("prompt is too long: {} tokens > {} maximum", e.input, e.limit);
+  if (e.output > 0 && e.output > e.limit - e.input)
+    return fmt::format(
+        "input length and `max_tokens` exceed context limit: {} + {} > {}, decrease input length or `max_tokens` "
+        "and try again",
+        e.input, e.output, e.limit);
+  return {};
+}
 
 std::string upstream_error_message(std::string_view body) {
   unsigned char buf[4096];
@@ -158,11 +237,13 @@ bool is_openai_error(std::string_view body) {
   if (message == nullptr || !message->is_string()) return false;
   for (const std::string_view name : {"type", "param", "code"})
     if (const auto* m = err.if_contains(name); m != nullptr && !m->is_null() && !m->is_string()) return false;
+  // A context-length refusal without its code (an OpenAI-compatible server's) is given it.
+  if (string_at(err, "code").empty() && context_length_error(sv(message->get_string()))) return false;
   return true;
 }
 
 void append_openai_error_for(std::string& out, int status, std::string_view body,
-                             std::string_view (*rename_param)(std::string_view)) {
+                             std::string_view (*rename_param)(std::string_view), std::string_view context_param) {
   unsigned char buf[4096];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
@@ -180,8 +261,16 @@ void append_openai_error_for(std::string& out, int status, std::string_view body
     if (const auto* c = where.if_contains("code"); c && c->is_int64()) number = c->get_int64();
   }
   const bool client_fault = status > 0 ? status < 500 : number >= 400 && number < 500;
+  const std::string message = upstream_error_text(status, body);
+  if (client_fault && code.empty() && context_length_error(message)) {
+    // OpenAI's own error for it: clients compare the code (to trim the conversation), not vLLM's wording.
+    type = "invalid_request_error";
+    code = "context_length_exceeded";
+    if (param.empty())
+      param = rename_param != nullptr && !context_param.empty() ? rename_param(context_param) : context_param;
+  }
   out += R"({"error":{"message":)";
-  core::append_json_string(out, upstream_error_text(status, body));
+  core::append_json_string(out, message);
   out += R"(,"type":)";
   core::append_json_string(out, !type.empty() ? type : client_fault ? "invalid_request_error" : "server_error");
   for (const auto& [name, value] : {std::pair{",\"param\":", param}, std::pair{",\"code\":", code}}) {

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,10 +44,37 @@ std::string upstream_error_message(std::string_view body);
 inline constexpr std::size_t kMaxUpstreamTextBytes = 256;
 std::string upstream_error_text(int status, std::string_view body);
 
+// A refusal for the model's context length, read from an upstream error's message: vLLM's wordings (all
+// versions: "This model's maximum context length is L tokens. However, you requested T tokens (I in the
+// messages, O in the completion)...", "... However, you requested O output tokens and your prompt contains [at
+// least ]I input tokens, for a total of ...", "Requested token count exceeds the model's maximum context length
+// of L tokens. You requested a total of T tokens: I tokens from the input messages and O tokens for the
+// completion...", "You passed I input tokens and requested O output tokens. However, the model's context length
+// is only L tokens...", "'max_tokens' or 'max_completion_tokens' is too large: O. This model's maximum context
+// length is L tokens and your request has I input tokens ...", the engine's "The decoder prompt (length I) is
+// longer than the maximum model length of L."), OpenAI's ("... However, your messages resulted in I tokens.")
+// and Anthropic's ("prompt is too long: I tokens > L maximum", "input length and `max_tokens` exceed context
+// limit: I + O > L, ..."). nullopt for any other message. The counts are tokens, -1 where the message does not
+// give them (vLLM's "You passed N input characters" gives no input count); `input` is a lower bound where vLLM
+// says "at least" (it stops counting a prompt one token past what fits).
+struct ContextLengthError {
+  std::int64_t limit = -1;   // the model's context length
+  std::int64_t input = -1;   // the prompt's tokens
+  std::int64_t output = -1;  // the completion's tokens asked for (max_tokens)
+};
+std::optional<ContextLengthError> context_length_error(std::string_view message);
+
+// Anthropic's message for a context-length refusal, as Claude Code reads it to compact the conversation or
+// lower max_tokens: "prompt is too long: I tokens > L maximum" when the input alone exceeds the context
+// length, else "input length and `max_tokens` exceed context limit: I + O > L, decrease input length or
+// `max_tokens` and try again" when they exceed it together; "" when the counts do not show either.
+std::string anthropic_context_length_message(const ContextLengthError& e);
+
 // Whether an upstream's error answer (a body, or an error event's data) is already OpenAI's error object as
 // the openai SDKs read it (OpenAI API reference, "Error codes"; openai-python's types/shared/error_object.py):
 // a JSON object whose `error` is an object with a string `message`, and a `type`, `param` and `code` each
-// absent, null or a string. Such a body passes to the client byte for byte.
+// absent, null or a string, the code set when the message is a context-length refusal (context_length_error).
+// Such a body passes to the client byte for byte.
 bool is_openai_error(std::string_view body);
 
 // Appends OpenAI's error object {"error":{"message","type","param","code"}} for an upstream's error answer
@@ -56,8 +85,13 @@ bool is_openai_error(std::string_view body);
 // in a stream's error event) is null: OpenAI's `code` is a string or null (openai-java's typed code() throws
 // on a number), a word such as "context_length_exceeded" clients compare, never a status, and the status is
 // the answer's own. A missing type is invalid_request_error for a 4xx, else server_error (for an error event:
-// by its integer code, 4xx or not).
+// by its integer code, 4xx or not). A client fault whose code is not a string and whose message is a
+// context-length refusal (context_length_error) is OpenAI's: type invalid_request_error, code
+// "context_length_exceeded", param the upstream's, else `context_param` (the request member that holds the
+// prompt: "messages" for chat, "prompt" for completions, "input" for embeddings; "" for null), through
+// `rename_param`; the message stays the upstream's.
 void append_openai_error_for(std::string& out, int status, std::string_view body,
-                             std::string_view (*rename_param)(std::string_view) = nullptr);
+                             std::string_view (*rename_param)(std::string_view) = nullptr,
+                             std::string_view context_param = "messages");
 
 }  // namespace weir::api

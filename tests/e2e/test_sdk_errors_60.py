@@ -22,7 +22,7 @@ import pytest
 
 from test_defect_fixes import RawUpstream
 
-LEGACY = b'{"object":"error","message":"maximum context length is 10 tokens","type":"BadRequestError",' \
+LEGACY = b'{"object":"error","message":"max_tokens must be at least 1, got 0.","type":"BadRequestError",' \
          b'"param":null,"code":400}'
 NESTED_INT = b'{"error":{"message":"max_tokens is too large","type":"BadRequestError","param":"max_tokens",' \
              b'"code":400}}'
@@ -69,7 +69,7 @@ ROUTES = ["chat", "completions", "embeddings", "transcriptions"]
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("body,status,ctype,want", [
-    (LEGACY, 400, b"application/json", {"message": "maximum context length is 10 tokens", "type": "BadRequestError",
+    (LEGACY, 400, b"application/json", {"message": "max_tokens must be at least 1, got 0.", "type": "BadRequestError",
                                         "param": None, "code": None}),
     (NESTED_INT, 400, b"application/json", {"message": "max_tokens is too large", "type": "BadRequestError",
                                             "param": "max_tokens", "code": None}),
@@ -121,7 +121,7 @@ def test_gzip_legacy_error_is_reshaped(weir, upstream):
     r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": []}, timeout=10,
                    headers={"accept-encoding": "gzip"})
     assert r.status_code == 400 and "content-encoding" not in r.headers, r.headers
-    assert r.json()["error"]["message"] == "maximum context length is 10 tokens" and r.json()["error"]["code"] is None
+    assert r.json()["error"]["message"] == "max_tokens must be at least 1, got 0." and r.json()["error"]["code"] is None
 
 
 def _sse(*events: bytes) -> bytes:

@@ -519,19 +519,24 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
   }
   if (plan.choices() > 1024) return ApiError{400, "weir-mock accepts at most 1024 choices per request"};
   for (auto t : plan.prompt_tokens) plan.total_prompt_tokens += t;
-  // vLLM checks every prompt against the context length (serving_engine.py
-  // _validate_input) and refuses the whole request for one that does not fit.
+  // vLLM checks every prompt against the context length (vllm/renderers/params.py, TokenizeParams: a max_tokens
+  // past the context length, then a prompt past what is left of it; serving_engine.py's _validate_input before)
+  // and refuses the whole request for one that does not fit. Its tokenizer stops one token past the most that
+  // fits: the count it gives is at most that. (max_tokens near int64's top: clients send 2^63-1 for "no limit".)
   if (ep != Endpoint::embedding) {
+    const std::int64_t limit = cfg.max_model_len;
+    if (requested_max && *requested_max > limit)
+      return ApiError{400, fmt::format("max_tokens={} cannot be greater than max_model_len={}. Please request fewer "
+                                       "output tokens.",
+                                       *requested_max, limit)};
     for (auto t : plan.prompt_tokens) {
-      // t + max_tokens overflows int64 for a max_tokens near its top (clients send 2^63-1 for "no limit"):
-      // compared as a difference, and the sum, at most 2^63 - 1 + 2^32, printed unsigned.
-      if (requested_max && *requested_max > std::int64_t{cfg.max_model_len} - static_cast<std::int64_t>(t))
-        return ApiError{400,
-                        fmt::format("This model's maximum context length is {} tokens. However, you requested "
-                                    "{} tokens ({} in the messages, {} in the completion). Please reduce the "
-                                    "length of the messages or completion.",
-                                    cfg.max_model_len, std::uint64_t{t} + static_cast<std::uint64_t>(*requested_max), t,
-                                    *requested_max)};
+      const auto n = static_cast<std::int64_t>(t);
+      if (requested_max && n > limit - *requested_max)
+        return ApiError{
+            400, fmt::format("You passed {} input tokens and requested {} output tokens. However, the "
+                             "model's context length is only {} tokens, resulting in a maximum input "
+                             "length of {} tokens. Please reduce the length of the input prompt.",
+                             std::min(n, limit - *requested_max + 1), *requested_max, limit, limit - *requested_max)};
       if (!requested_max && static_cast<std::int64_t>(t) >= cfg.max_model_len)
         return ApiError{400, fmt::format("This model's maximum context length is {} tokens. However, your request "
                                          "has {} input tokens. Please reduce the length of the input messages.",

@@ -73,7 +73,12 @@ void append_error_json(std::string& out, int status, std::string_view message) {
 }
 
 void append_upstream_error(std::string& out, int status, std::string_view body) {
-  append_error_json(out, status, upstream_error_text(status, body));
+  std::string message = upstream_error_text(status, body);
+  if (status >= 400 && status < 500)
+    if (const auto e = context_length_error(message))
+      if (std::string anthropic = anthropic_context_length_message(*e); !anthropic.empty())
+        message = std::move(anthropic);
+  append_error_json(out, status, message);
 }
 
 void append_message_id(std::string& out, std::string_view upstream_id) {

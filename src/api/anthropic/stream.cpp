@@ -12,6 +12,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/anthropic/response.hpp"
+#include "api/error_text.hpp"
 #include "api/tool_ids.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
@@ -221,9 +222,13 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   const json::value v = parse_upstream_json(data, ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
-  if (const auto m = stream_error_message(chunk))  // (a refusal of the request, a 4xx in-band: the client's)
-    return fail(openai::refuses_request(data) ? 400 : 500,
-                m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
+  if (const auto m = stream_error_message(chunk)) {  // (a refusal of the request, a 4xx in-band: the client's)
+    const bool refusal = openai::refuses_request(data);
+    if (const auto e = refusal ? context_length_error(*m) : std::optional<ContextLengthError>{})  // (as a whole one)
+      if (const std::string anthropic = anthropic_context_length_message(*e); !anthropic.empty())
+        return fail(400, anthropic, out);
+    return fail(refusal ? 400 : 500, m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
+  }
   if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
     if (auto parsed = extract_usage(data)) {
       usage_ = *parsed;

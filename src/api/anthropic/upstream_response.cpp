@@ -306,11 +306,15 @@ void append_openai_error(std::string& out, int status, std::string_view body) {
     }
     if (message.empty()) message = string_at(o, "message");
   }
+  const std::string text = message.empty() ? upstream_error_text(status, body) : std::string(message);
+  // Anthropic's "prompt is too long: ..." is OpenAI's context_length_exceeded (clients compare the code).
+  const bool context_length = status >= 400 && status < 500 && context_length_error(text).has_value();
   out += R"({"error":{"message":)";
-  core::append_json_string(out, message.empty() ? upstream_error_text(status, body) : std::string(message));
+  core::append_json_string(out, text);
   out += R"(,"type":)";
-  core::append_json_string(out, type.empty() ? error_type(status) : type);
-  out += R"(,"param":null,"code":null}})";
+  core::append_json_string(out, context_length ? "invalid_request_error" : type.empty() ? error_type(status) : type);
+  out +=
+      context_length ? R"(,"param":"messages","code":"context_length_exceeded"}})" : R"(,"param":null,"code":null}})";
 }
 
 }  // namespace weir::api::anthropic

@@ -90,6 +90,9 @@ bool message_as_events(std::string_view body, std::string& out, std::uint32_t& d
 // rate_limit_error, overloaded_error, …); a body without one gives a type
 // from the status and api::upstream_error_text()'s message ("Upstream
 // answered <status>.", or with the text of a body that is no JSON object).
+// A 4xx whose message is a context-length refusal ("prompt is too long: ...",
+// api::context_length_error) is OpenAI's: invalid_request_error, param
+// "messages", code "context_length_exceeded".
 void append_openai_error(std::string& out, int status, std::string_view body);
 
 }  // namespace weir::api::anthropic

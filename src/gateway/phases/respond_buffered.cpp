@@ -550,7 +550,11 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
        ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route) || is_audio(ctx.route)) &&
       !(encoded && plain.empty() && !out.empty()) && !api::is_openai_error(plain)) {
     translated.clear();
-    api::append_openai_error_for(translated, status, plain);
+    api::append_openai_error_for(translated, status, plain, nullptr,
+                                 ctx.route == RouteKind::chat_completions ? "messages"
+                                 : ctx.route == RouteKind::completions    ? "prompt"
+                                 : ctx.route == RouteKind::embeddings     ? "input"
+                                                                          : "");
     out = translated;
     drop_encoding = encoded;
     content_type = "application/json";

@@ -274,7 +274,8 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         std::string reshaped;  // (send_event copies it into the read's events)
         if (!api::is_openai_error(ev->data)) {
           std::string data;
-          api::append_openai_error_for(data, 0, ev->data);
+          api::append_openai_error_for(data, 0, ev->data, nullptr,
+                                       ctx.route == RouteKind::completions ? "prompt" : "messages");
           reshaped.assign(ev->lf_carried ? "\n" : "");
           http::append_sse_data(reshaped, data);
           ev->raw = reshaped;

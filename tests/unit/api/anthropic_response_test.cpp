@@ -172,6 +172,49 @@ TEST(AnthropicResponse, Errors) {
   EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 422.");
 }
 
+// vLLM's context-length 400 in Anthropic's words when its counts show which case it is (Claude Code compacts
+// on "prompt is too long", lowers max_tokens on "input length and `max_tokens` exceed context limit"); both
+// vLLM shapes; without counts, vLLM's words.
+TEST(AnthropicResponse, ContextLengthRefusalsInAnthropicsWords) {
+  const auto message_of = [](int status, std::string_view body) {
+    std::string out;
+    append_upstream_error(out, status, body);
+    const auto v = json::parse(out);
+    EXPECT_EQ(v.at("error").at("type"), status == 400 ? "invalid_request_error" : "api_error");
+    return std::string(v.at("error").at("message").as_string());
+  };
+  for (const char* shape :
+       {R"({{"error":{{"message":"{}","type":"BadRequestError","param":null,"code":400}}}})",
+        R"({{"object":"error","message":"{}","type":"BadRequestError","param":null,"code":400}})"}) {
+    const auto body = [&](std::string_view m) { return fmt::format(fmt::runtime(shape), m); };
+    EXPECT_EQ(message_of(400, body("This model's maximum context length is 4096 tokens. However, you requested 5000 "
+                                   "tokens (4900 in the messages, 100 in the completion). Please reduce the length "
+                                   "of the messages or completion.")),
+              "prompt is too long: 4900 tokens > 4096 maximum");
+    EXPECT_EQ(message_of(400, body("This model's maximum context length is 4096 tokens. However, you requested 1000 "
+                                   "output tokens and your prompt contains 3500 input tokens, for a total of 4500 "
+                                   "tokens. Please reduce the length of the input prompt or the number of requested "
+                                   "output tokens.")),
+              "input length and `max_tokens` exceed context limit: 3500 + 1000 > 4096, decrease input length or "
+              "`max_tokens` and try again");
+    EXPECT_EQ(message_of(400, body("Requested token count exceeds the model's maximum context length of 4096 tokens. "
+                                   "You requested a total of 5000 tokens: 4900 tokens from the input messages and "
+                                   "100 tokens for the completion. Please reduce the number of tokens in the input "
+                                   "messages or the completion to fit within the limit.")),
+              "prompt is too long: 4900 tokens > 4096 maximum");
+    const std::string chars =
+        "You passed 90000 input characters and requested 100 output tokens. However, the model's context length is "
+        "only 4096 tokens, resulting in a maximum input length of 3996 tokens (at most 15984 characters). Please "
+        "reduce the length of the input prompt.";
+    EXPECT_EQ(message_of(400, body(chars)), chars);
+  }
+  // A server's failure is not the request's length, whatever it says.
+  const std::string m =
+      "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+      "(4900 in the messages, 100 in the completion).";
+  EXPECT_EQ(message_of(500, R"({"error":{"message":")" + m + R"(","code":500}})"), m);
+}
+
 TEST(AnthropicResponse, NoUpstreamIdTakesTheRequestId) {
   for (std::string_view id : {R"("id":"",)", R"("id":"chatcmpl-",)", ""}) {
     std::string out;

@@ -444,6 +444,17 @@ TEST(AnthropicStream, ANewIdOnTheOpenIndexStartsANewCall) {
                                              "content_block_stop"}));
 }
 
+// An in-band context-length refusal (vLLM checks before the stream, but a server in front may not): in
+// Anthropic's words, as the whole answer's.
+TEST(AnthropicStream, InBandContextLengthRefusalInAnthropicsWords) {
+  const auto ev = events_of(run(
+      {R"({"error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 100 output tokens and your prompt contains 4900 input tokens, for a total of 5000 tokens.","type":"BadRequestError","code":400}})"}));
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_EQ(ev.back().data.at("error").at("type"), "invalid_request_error");
+  EXPECT_EQ(ev.back().data.at("error").at("message"), "prompt is too long: 4900 tokens > 4096 maximum");
+}
+
 TEST(AnthropicStream, ToolArgumentsThatAreNoJsonFailUnlessCutByLength) {
   const std::vector<std::string_view> chunks = {
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"a\": "}}]}}]})",

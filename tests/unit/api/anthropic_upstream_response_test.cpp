@@ -87,6 +87,22 @@ TEST(AnthropicUpstreamResponse, ErrorsKeepAnthropicsTypeInOpenAIsShape) {
   EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 401: <html>nope</html>");
 }
 
+// Anthropic's context-length refusals reach OpenAI clients with OpenAI's code for them (clients compare it).
+TEST(AnthropicUpstreamResponse, ContextLengthRefusalsTakeOpenAIsCode) {
+  for (std::string_view m : {"prompt is too long: 210000 tokens > 200000 maximum",
+                             "input length and `max_tokens` exceed context limit: 190000 + 32000 > 200000, decrease "
+                             "input length or `max_tokens` and try again"}) {
+    std::string out;
+    append_openai_error(
+        out, 400, R"({"type":"error","error":{"type":"invalid_request_error","message":")" + std::string(m) + R"("}})");
+    const auto v = json::parse(out);
+    EXPECT_EQ(v.at("error").at("message").as_string(), m);
+    EXPECT_EQ(v.at("error").at("type"), "invalid_request_error");
+    EXPECT_EQ(v.at("error").at("param"), "messages");
+    EXPECT_EQ(v.at("error").at("code"), "context_length_exceeded");
+  }
+}
+
 TEST(AnthropicUpstreamResponse, UsageOfAMessage) {
   const auto u = extract_message_usage(R"({"id":"m","usage":{"input_tokens":5,"cache_creation_input_tokens":2,
     "cache_read_input_tokens":3,"output_tokens":7,"service_tier":"standard"},"content":[]})");
