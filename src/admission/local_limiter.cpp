@@ -230,7 +230,8 @@ double LocalLimiter::level(const Scope& sc, int bi, std::int64_t now) const noex
   std::int64_t have = 0;
   for (std::uint32_t j = 0; j < shards_; ++j) have += shard_ns(sc, bi, j, now);
   // Full: the depth itself (have / t_ns is short of it by the ns cost_ns rounded away).
-  return have >= s.total() ? s.depth : static_cast<double>(have) / s.t_ns;
+  // (Never above the depth: under 1 ns of refill per unit, each unit costs 1 ns and have / t_ns overstates.)
+  return have >= s.total() ? s.depth : std::min(s.depth, static_cast<double>(have) / s.t_ns);
 }
 
 std::int64_t LocalLimiter::take_up_to(std::int64_t tau, std::atomic<std::int64_t>& tat, std::int64_t want,
@@ -426,7 +427,8 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   // Whole units a take could have now: the most u with cost_ns(u) <= have.
   std::uint64_t whole = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total));
-  if (total > 0 && cost_ns(s, static_cast<double>(whole + 1)) <= have) ++whole;
+  if (total > 0 && static_cast<double>(whole + 1) <= s.depth && cost_ns(s, static_cast<double>(whole + 1)) <= have)
+    ++whole;
   v.remaining = whole;
   v.level = total;
   v.rate_per_min = s.rate_per_min;

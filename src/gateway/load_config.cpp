@@ -188,7 +188,7 @@ void check_bare_period(Warnings& w, const YAML::Node& budget, const std::string&
   warn(w, p, key + ".period",
        fmt::format("{} is read as {} ms ({:g} s): a bare number is milliseconds; for {} seconds write {}s{}", v, v,
                    static_cast<double>(ms) / 1000.0, v, v,
-                   ms % 86400 == 0  ? fmt::format(", {}h, or day for the calendar day", ms / 3600)
+                   ms == 86400      ? std::string(", 24h, or day for the calendar day")
                    : ms % 3600 == 0 ? fmt::format(" or {}h", ms / 3600)
                    : ms % 60 == 0   ? fmt::format(" or {}m", ms / 60)
                                     : std::string()));

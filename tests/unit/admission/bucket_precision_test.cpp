@@ -56,6 +56,26 @@ TEST(BucketPrecision, BurstOfOneAdmitsOnceARefillAtAnyUptime) {
       }
 }
 
+// Under 1 ns of refill per unit (rates past ~1e9 units a second per worker) each unit costs 1 ns, and a
+// bucket that is not quite full read have / t_ns: x-ratelimit-remaining said thousands for a burst of 26
+// (regress61). What it shows never passes its depth.
+TEST(BucketPrecision, TheLevelShownNeverPassesTheDepthAtSubNanosecondUnits) {
+  for (std::uint32_t workers : {1u, 2u}) {
+    LocalLimiter lim(one(std::uint64_t{1} << 50, 3, 1'000'000'000'000'000u, 26), workers, kEpoch, 0);
+    const Instant t0 = at_uptime(1);
+    SCOPED_TRACE(workers);
+    for (int i = 0; i < 4; ++i) {
+      const Instant t = t0 + std::chrono::microseconds(10 * i);
+      (void)lim.take(0, Bucket::tokens, 0, 13, t);
+      (void)lim.take(0, Bucket::requests, 0, 1, t);
+      EXPECT_LE(lim.available(0, Bucket::tokens, t), 26.0);
+      EXPECT_LE(lim.view(0, Bucket::tokens, t).remaining, 26u);
+      EXPECT_LE(lim.available(0, Bucket::requests, t), 3.0);
+      EXPECT_LE(lim.view(0, Bucket::requests, t).remaining, 3u);
+    }
+  }
+}
+
 TEST(BucketPrecision, BurstOfNAdmitsNAtOneInstantAtAnyUptime) {
   for (std::int64_t days : kDays)
     for (std::uint64_t rpm : {3001u, 9999u, 123457u, 10'000'019u})
