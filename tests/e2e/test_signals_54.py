@@ -144,15 +144,19 @@ def test_a_drain_sends_the_batches_waiting_in_their_window(weir, mock):
     w = weir(config=cfg, workers=1)
     got: dict = {}
 
+    bodies = [json.dumps({"model": "m", "prompt": f"p{i}", "max_tokens": 2}).encode() for i in range(2)]
+
     def send(i):
-        got[i] = httpx.post(w.base_url + "/v1/completions", timeout=30, headers={"x-request-id": f"win-{i}"},
-                            json={"model": "m", "prompt": f"p{i}", "max_tokens": 2})
+        got[i] = httpx.post(w.base_url + "/v1/completions", timeout=30, content=bodies[i],
+                            headers={"x-request-id": f"win-{i}", "content-type": "application/json"})
 
     threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(2)]
     for t in threads:
         t.start()
-    # Both connected (the scrape's own connection is the third); their small requests come with the connect.
-    wait_until(lambda: w.metric("weir_active_connections") >= 3, 10, message="both members connected")
+    # Both requests read and waiting in the window: their bodies are charged to the buffer budget until they end.
+    # (A connection whose request has not arrived yet is idle: the drain closes it, rightly.)
+    wait_until(lambda: w.metric("weir_buffered_bytes") >= sum(map(len, bodies)), 10,
+               message="both members waiting in the window")
     w.process.popen.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(30)
