@@ -76,53 +76,10 @@ bool is_noscript(const Result<Reply>& r) {
   return !r && r.error().code == Errc::server && std::string_view(r.error().message).starts_with("NOSCRIPT");
 }
 
-// An error reply's first sentence, at most 120 characters (MISCONF's is ~450), for a log line.
-std::string first_sentence(std::string_view m) {
-  if (const auto dot = m.find(". "); dot != std::string_view::npos) m = m.substr(0, dot);
-  if (const auto nl = m.find_first_of("\r\n"); nl != std::string_view::npos) m = m.substr(0, nl);
-  constexpr std::size_t kMax = 120;
-  if (m.size() > kMax) return fmt::format("{}...", m.substr(0, kMax));
-  return std::string(m);
-}
-
 // How drop_connection() tells of a connection dropped for a wrong_server_reply() or a refused_reply().
 enum class Wrong : std::uint8_t { no, log, quiet };
 
 }  // namespace
-
-bool wrong_server_reply(std::string_view m) noexcept {
-  // LOADING is not one: the server is about to serve (a restart reading its data, or a replica loading its
-  // master's, which answers READONLY next). NOREPLICAS, OOM, MISCONF, BUSY are the right server's state.
-  static constexpr std::string_view kWrong[] = {"READONLY", "MASTERDOWN", "MOVED", "ASK"};
-  for (std::string_view w : kWrong) {
-    if (m.starts_with(w) && (m.size() == w.size() || m[w.size()] == ' ')) return true;
-    // Relayed by a script (Redis 6: "ERR Error running script (call to f_...): @user_script:9: @user_script: 9:
-    // -READONLY You can't write against a read only replica.").
-    if (!m.starts_with("ERR ")) continue;
-    for (std::string_view sep : {": ", ": -"})
-      for (std::size_t at = m.find(sep); at != std::string_view::npos; at = m.find(sep, at + 1)) {
-        const std::string_view rest = m.substr(at + sep.size());
-        if (rest.starts_with(w) && (rest.size() == w.size() || rest[w.size()] == ' ')) return true;
-      }
-  }
-  return false;
-}
-
-bool refused_reply(std::string_view m) noexcept {
-  // NOAUTH: Redis has `requirepass` (or an ACL default user with a password) and Weir sent none; every command
-  // on the connection is refused, and Redis closes it at the next pipelined one ("unauthenticated multibulk
-  // length"). WRONGPASS: AUTH refused later (relayed). "ERR max number of clients reached": sent unasked on
-  // accept, then Redis closes.
-  static constexpr std::string_view kRefused[] = {"NOAUTH", "WRONGPASS"};
-  for (std::string_view w : kRefused)
-    if (m.starts_with(w) && (m.size() == w.size() || m[w.size()] == ' ')) return true;
-  return m.starts_with("ERR max number of clients reached");
-}
-
-std::string endpoint_text(std::string_view host, std::uint16_t port) {
-  if (host.find(':') != std::string_view::npos && !host.starts_with('[')) return fmt::format("[{}]:{}", host, port);
-  return fmt::format("{}:{}", host, port);
-}
 
 struct Client::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::io_context& ioc, ClientOptions o)

@@ -16,6 +16,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "core/async.hpp"
+#include "store/redis_replies.hpp"
 #include "store/resp.hpp"
 
 namespace weir::store {
@@ -23,26 +24,6 @@ namespace weir::store {
 namespace asio = boost::asio;
 using core::Executor;
 using core::Task;
-
-// "host:port" for logs, an IPv6 address in brackets ("[::1]:6379").
-std::string endpoint_text(std::string_view host, std::uint16_t port);
-
-// True when an error reply (store::Error::message of an Errc::server) says
-// that this server cannot take commands at all, whichever: READONLY (a
-// replica: after a failover the old master is demoted), MASTERDOWN (a
-// replica that lost its master), MOVED / ASK (a Redis Cluster node, which
-// Weir does not support), also when a script relays it (Redis 6: "ERR Error
-// running script ...: -READONLY ..."). Not LOADING (the server is about to
-// serve), OOM, MISCONF, BUSY, NOREPLICAS (the right server's state). The
-// client drops a connection that answers one (Client, "Command semantics").
-bool wrong_server_reply(std::string_view message) noexcept;
-
-// True when an error reply says that Redis refuses to serve this connection:
-// NOAUTH (Redis has `requirepass` and Weir sent no password), WRONGPASS,
-// "ERR max number of clients reached" (sent unasked on accept, then Redis
-// closes). The client takes such a connection as a failed attempt (Client,
-// "Command semantics").
-bool refused_reply(std::string_view message) noexcept;
 
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect
