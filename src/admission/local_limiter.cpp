@@ -226,9 +226,12 @@ std::int64_t LocalLimiter::shard_ns(const Scope& sc, int bi, std::uint32_t j, st
 }
 
 double LocalLimiter::level(const Scope& sc, int bi, std::int64_t now) const noexcept {
-  const Spec& s = sc.spec[bi];
   std::int64_t have = 0;
   for (std::uint32_t j = 0; j < shards_; ++j) have += shard_ns(sc, bi, j, now);
+  return level_of(sc.spec[bi], have);
+}
+
+double LocalLimiter::level_of(const Spec& s, std::int64_t have) noexcept {
   // Full: the depth itself (have / t_ns is short of it by the ns cost_ns rounded away).
   // (Never above the depth: under 1 ns of refill per unit, each unit costs 1 ns and have / t_ns overstates.)
   return have >= s.total() ? s.depth : std::min(s.depth, static_cast<double>(have) / s.t_ns);
@@ -423,7 +426,7 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
     have += shard_ns(sc, bi, j, t);
     until_full_ns = std::max(until_full_ns, sc.shards[j].tat[bi].load(std::memory_order_relaxed) - t);
   }
-  const double total = level(sc, bi, t);
+  const double total = level_of(s, have);
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   // Whole units a take could have now: the most u with cost_ns(u) <= have.
   std::uint64_t whole = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total));

@@ -173,6 +173,8 @@ class LocalLimiter final : public Limiter {
   std::int64_t shard_ns(const Scope& sc, int bi, std::uint32_t j, std::int64_t now) const noexcept;
   // Units in bucket `bi` summed over the shards: exactly its depth when every shard is full.
   double level(const Scope& sc, int bi, std::int64_t now) const noexcept;
+  // The same for `have` ns summed over a bucket's shards (`s`: its spec), at most the depth.
+  static double level_of(const Spec& s, std::int64_t have) noexcept;
   // Nanoseconds from `now` until the shards of bucket `bi` of `sc` can give
   // `need` ns (<= the bucket's total) between them, as take() borrows them, if no one
   // takes meanwhile; 0 when they can now. Each shard refills 1 ns a ns up to its tau
