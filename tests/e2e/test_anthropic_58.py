@@ -3,7 +3,7 @@
 - An answer whose `content` is a list of parts (Mistral's API; magistral's thinking part first), streamed or
   not, is its text (and thinking) on /v1/messages and /v1/responses, not an empty message billed as one.
 - The upstream's reasoning (vLLM's reasoning_content with a reasoning parser) is a thinking block only when the
-  request enabled thinking (or adaptive): the SDK idiom `message.content[0].text` works; the tokens are charged.
+  request enabled thinking (or adaptive, or between_tools): the SDK idiom `message.content[0].text` works; the tokens are charged.
 - A hosted API (pools.X.continuous_usage off) gets none of vLLM's request members (chat_template_kwargs from
   `thinking`, top_k, a prefill's continue_final_message / add_generation_prompt), also on a fallback from a
   self-hosted pool and unstreamed.
@@ -167,8 +167,10 @@ def test_content_parts_are_the_responses_output_text(stack, streamed):
 
 @pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("thinking", [None, {"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024},
-                                      {"type": "adaptive"}])
+                                      {"type": "adaptive"}, {"type": "between_tools"}])
 def test_reasoning_is_a_thinking_block_only_when_thinking_is_on(stack, streamed, thinking):
+    # (between_tools, the current SDKs' fourth type: thinking off, the model's notes between tool calls given back
+    # as thinking blocks. It was a 400.)
     w, up = stack
     h = up.script(body=completion({"content": "Answer", "reasoning_content": "Let me think"}),
                   chunks=[chunk({"role": "assistant", "content": ""}), chunk({"reasoning_content": "Let me think"}),
@@ -185,6 +187,9 @@ def test_reasoning_is_a_thinking_block_only_when_thinking_is_on(stack, streamed,
     if not on:
         assert m.content[0].text == "Answer"  # the SDK's quickstart idiom
     assert m.usage.output_tokens == 4  # generated, so charged: the reasoning's tokens too
+    if thinking is not None:  # the reasoning template's switch: on only where Anthropic's model thinks
+        want = thinking["type"] in ("enabled", "adaptive")
+        assert up.sent(h)["chat_template_kwargs"] == {"enable_thinking": want}
 
 
 # --- F4: a hosted API gets no vLLM-only member ---

@@ -446,14 +446,17 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
     // vLLM has no thinking budget; reasoning models whose chat template
     // reads `enable_thinking` (Qwen3, ...) are switched on or off with it.
-    // `adaptive` (the model decides how much to think) is on.
+    // `adaptive` (the model decides how much to think) is on. `between_tools`
+    // is thinking off, with whatever the model writes between tool calls
+    // given back as thinking blocks: off in the template, and the answer keeps
+    // any reasoning the server sends as thinking blocks, as `enabled` does.
     const std::string_view type = type_of(th->get_object());
-    if (type != "enabled" && type != "disabled" && type != "adaptive")
-      return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
+    if (type != "enabled" && type != "disabled" && type != "adaptive" && type != "between_tools")
+      return invalid("thinking.type: Input should be 'enabled', 'disabled', 'adaptive' or 'between_tools'", "thinking");
     f.thinking = type != "disabled";
+    const bool think = type == "enabled" || type == "adaptive";
     // (vLLM's member: a server that refuses unknown members, a hosted API, gets none. /tokenize is vLLM's.)
-    if (vllm || t == Target::count_tokens)
-      o["chat_template_kwargs"] = json::object({{"enable_thinking", f.thinking}}, sp);
+    if (vllm || t == Target::count_tokens) o["chat_template_kwargs"] = json::object({{"enable_thinking", think}}, sp);
   }
   auto format = response_format(in, sp);
   if (!format) return tl::unexpected(format.error());

@@ -28,8 +28,9 @@ std::string_view upstream_path(Target t);
 // body, written to `out` (overwritten; its capacity is reused). Returns the
 // fields admission and the gateway act on: `model`, `stream`, `max_tokens`
 // (required for `messages`, not for `count_tokens`), the prompt's text bytes
-// and per-message overhead, and `thinking` (thinking.type enabled or
-// adaptive); `include_usage` is set because a translated stream always asks
+// and per-message overhead, and `thinking` (thinking.type enabled, adaptive
+// or between_tools: the answer keeps the server's reasoning as thinking
+// blocks); `include_usage` is set because a translated stream always asks
 // for the usage chunk. `vllm` (the pool's continuous_usage: on for a
 // self-hosted, http:// server, off for a hosted API, which refuses unknown
 // members) says the upstream takes vLLM's extensions: only then does a

@@ -655,7 +655,7 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
   // (What a translation for an OpenAI-compatible fallback gives: thinking blocks only when asked for.)
   if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
     const std::string_view type = string_at(th->get_object(), "type");
-    f.thinking = type == "enabled" || type == "adaptive";
+    f.thinking = type == "enabled" || type == "adaptive" || type == "between_tools";
   }
   const auto* msgs = in.if_contains("messages");
   if (!msgs) return fail("messages: Field required", "messages");

@@ -126,15 +126,29 @@ TEST(AnthropicRequest, AHostedUpstreamGetsNoVllmMembers) {
   EXPECT_EQ(count.at("continue_final_message"), true);
 }
 
-TEST(AnthropicRequest, ThinkingAskedForIsEnabledOrAdaptive) {
-  for (const auto& [type, want] : {std::pair{"enabled", true}, {"adaptive", true}, {"disabled", false}}) {
+TEST(AnthropicRequest, ThinkingAskedForIsEnabledAdaptiveOrBetweenTools) {
+  // (thinking blocks wanted in the answer; the template's switch: between_tools is thinking off, with what the
+  // model writes between tool calls given back as thinking blocks)
+  for (const auto& [type, blocks, on] : {std::tuple{"enabled", true, true},
+                                         {"adaptive", true, true},
+                                         {"between_tools", true, false},
+                                         {"disabled", false, false}}) {
     RequestFields f;
-    upstream(fmt::format(R"({{"model":"m","max_tokens":5,"thinking":{{"type":"{}"}},
+    const auto v = upstream(fmt::format(R"({{"model":"m","max_tokens":5,"thinking":{{"type":"{}"}},
       "messages":[{{"role":"user","content":"x"}}]}})",
-                         type),
-             Target::messages, &f);
-    EXPECT_EQ(f.thinking, want) << type;
+                                        type),
+                            Target::messages, &f, true);
+    EXPECT_EQ(f.thinking, blocks) << type;
+    EXPECT_EQ(v.at("chat_template_kwargs").at("enable_thinking"), on) << type;
   }
+  std::string out;
+  const auto bad = translate_request(
+      Target::messages,
+      R"({"model":"m","max_tokens":5,"thinking":{"type":"sometimes"},"messages":[{"role":"user","content":"x"}]})", out,
+      true);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().status, 400);
+  EXPECT_NE(bad.error().message.find("'between_tools'"), std::string::npos) << bad.error().message;
   RequestFields f;
   upstream(R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]})", Target::messages, &f);
   EXPECT_FALSE(f.thinking);
