@@ -117,6 +117,14 @@ core::Error upstream_error_event(const UpstreamSubject& who) {
   return core::upstream_unavailable(upstream_message(who, "sent an error event in its stream"));
 }
 
+core::Error upstream_unfinished(const UpstreamSubject& who, std::string_view finish_reason) {
+  auto e = core::upstream_unavailable(
+      upstream_message(who, fmt::format("ended the generation before it was complete (finish_reason \"{}\")",
+                                        core::utf8_prefix(finish_reason, 64))));
+  e.code = "upstream_unfinished";
+  return e;
+}
+
 core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {
   return core::upstream_unavailable(
       upstream_message(who, fmt::format("sent a stream event over {} bytes (server.max_event)", limit_bytes)));

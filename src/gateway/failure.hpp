@@ -56,6 +56,13 @@ core::Error upstream_stream_incomplete(const UpstreamSubject& who);
 // upstream_unavailable, "Upstream pool `P` (model `M`) sent an error event in
 // its stream (request R)." Its failure kind is http::UpstreamFailure::protocol.
 core::Error upstream_error_event(const UpstreamSubject& who);
+// A generation the upstream ended without finishing it: its choice's
+// finish_reason a failed one (api::Finish::failed: vLLM's "abort", "error",
+// "repetition", a value no mapping knows; `finish_reason` its text, cut to 64
+// bytes). 502 upstream_unfinished, "Upstream pool `P` (model `M`) ended the
+// generation before it was complete (finish_reason "abort") (request R)." Its
+// failure kind is http::UpstreamFailure::protocol: held against the endpoint.
+core::Error upstream_unfinished(const UpstreamSubject& who, std::string_view finish_reason);
 // A stream with an event larger than server.max_event (`limit_bytes`): 502
 // upstream_unavailable, "… sent a stream event over N bytes (server.max_event)".
 core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);

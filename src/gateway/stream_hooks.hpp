@@ -19,6 +19,7 @@
 #include "api/anthropic/response.hpp"
 #include "api/anthropic/stream.hpp"
 #include "api/anthropic/upstream_stream.hpp"
+#include "api/finish_reason.hpp"
 #include "api/openai/stream.hpp"
 #include "api/responses/stream.hpp"
 #include "http/sse.hpp"
@@ -63,6 +64,7 @@ class StreamHooks {
   }
   void reset(const Setup& s) {
     usage_.reset(s.strip_usage, s.choices_per_prompt, s.prompts);
+    finish_.reset();
     const Mode m = mode_of(s.client, s.upstream);
     // The translators are made on the connection's first translated stream
     // and kept for its next: a plain stream carries a null pointer, not
@@ -268,6 +270,23 @@ class StreamHooks {
     }
   }
 
+  // The failed finish_reason (api::Finish::failed) the stream carried, cut to 64 bytes; empty when none did:
+  // for a translated stream from an OpenAI upstream, the one that ended it with its error event
+  // (translation_failed()); for one relayed as it came (on_event()), the one that passed to the client in it
+  // (api::FinishWatch), the generation failed all the same.
+  std::string_view unfinished() const {
+    switch (mode_) {
+      case Mode::anthropic:
+        return tr_->anthropic.unfinished();
+      case Mode::responses:
+        return tr_->responses.unfinished();
+      case Mode::plain:
+        return finish_.failed();
+      default:
+        return {};
+    }
+  }
+
   // Called for every complete event, in order. Returns true when `ev.raw`
   // goes to the client unchanged, false when it is dropped. After `[DONE]`
   // the stream is over for the client (the OpenAI wire contract; the
@@ -278,7 +297,7 @@ class StreamHooks {
     if (!ev.has_data) return true;  // comments and blank blocks pass through
     if (ev.is_done()) {
       done_relayed_ = true;
-    } else if (!usage_.on_data(ev.data)) {
+    } else if (finish_.on_data(ev.data); !usage_.on_data(ev.data)) {
       return false;
     } else if (const auto edited = usage_.without_usage(ev.data, edited_data())) {
       // Usage Weir asked for, on a chunk with choices: the chunk without it (ev's views now point here).
@@ -369,6 +388,7 @@ class StreamHooks {
   };
 
   api::openai::UsageHook usage_;
+  api::FinishWatch finish_;          // a plain stream's finish_reason (on_event())
   std::unique_ptr<Translators> tr_;  // set whenever mode_ is not plain
   Mode mode_ = Mode::plain;
   bool done_relayed_ = false;

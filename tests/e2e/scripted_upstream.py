@@ -16,6 +16,8 @@ Anthropic's statuses (401, 400, 429 with ``retry-after``, 529). ``POST
     text, tools, thinking, error-mid-stream  recorded answers (stream or not)
     vllm-text, vllm-tools, ...               recorded vLLM streams
     vllm-echo                                a vLLM chat answer: the last message's text, then "."
+    vllm-finish-REASON                       the same answer ending with finish_reason REASON (abort, error, ...),
+                                             then its usage chunk when the request asked for one
     status-529, status-429, status-400 ...   an Anthropic error answer
     cut                                      the text stream, the connection closed in its middle
     hang                                     the text stream's first delta, then nothing until the peer closes
@@ -224,7 +226,10 @@ class ScriptedUpstream:
         if path == "/v1/chat/completions":
             # (An Anthropic script reaching a chat path, a fallback's, gets the plain text stream.)
             name = script.removeprefix("vllm-") if script.startswith("vllm-") else "text"
-            stream = echo_stream(req.json()) if name == "echo" else recorded(f"vllm_{name}.sse")
+            if name == "echo" or name.startswith("finish-"):
+                stream = echo_stream(req.json(), name.removeprefix("finish-") if name != "echo" else "stop")
+            else:
+                stream = recorded(f"vllm_{name}.sse")
             if json.loads(req.body or b"{}").get("stream"):
                 return 200, {"content-type": "text/event-stream"}, stream, True
             return 200, {"content-type": "application/json"}, vllm_completion(stream), False
@@ -263,15 +268,26 @@ class ScriptedUpstream:
         return 200, jh, json.dumps(message, ensure_ascii=False).encode(), False
 
 
-def echo_stream(body: dict) -> bytes:
-    """vLLM's stream of a chat answer that repeats the last message's text (one content delta), then "."."""
+def echo_stream(body: dict, finish: str = "stop") -> bytes:
+    """vLLM's stream of a chat answer that repeats the last message's text (one content delta), then ".", ending
+    with `finish` (vLLM's compact JSON); its usage chunk when the body asks for one and `finish` is not "stop"."""
     text = str(body["messages"][-1].get("content", ""))
+    vllm_echo = finish == "stop"  # (the vllm-echo script's bytes, as they always were)
     def chunk(delta: dict, finish: str | None = None) -> bytes:
         c = {"id": "chatcmpl-echo", "object": "chat.completion.chunk", "created": 1735689600, "model": "mock-model",
              "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if not vllm_echo:  # (vLLM's own bytes: a finish chunk's stop_reason, compact JSON)
+            if finish is not None:
+                c["choices"][0]["stop_reason"] = None
+            return b"data: " + json.dumps(c, separators=(",", ":")).encode() + b"\n\n"
         return b"data: " + json.dumps(c).encode() + b"\n\n"
-    return (chunk({"role": "assistant", "content": ""}) + chunk({"content": text}) + chunk({"content": "."}) +
-            chunk({}, "stop") + b"data: [DONE]\n\n")
+    out = (chunk({"role": "assistant", "content": ""}) + chunk({"content": text}) + chunk({"content": "."}) +
+           chunk({}, finish))
+    if finish != "stop" and (body.get("stream_options") or {}).get("include_usage"):
+        u = {"id": "chatcmpl-echo", "object": "chat.completion.chunk", "created": 1735689600, "model": "mock-model",
+             "choices": [], "usage": {"prompt_tokens": 7, "total_tokens": 10, "completion_tokens": 3}}
+        out += b"data: " + json.dumps(u, separators=(",", ":")).encode() + b"\n\n"
+    return out + b"data: [DONE]\n\n"
 
 
 def vllm_completion(stream: bytes) -> bytes:

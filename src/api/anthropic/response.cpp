@@ -10,6 +10,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/error_text.hpp"
+#include "api/finish_reason.hpp"
 #include "api/json_write.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
@@ -88,9 +89,10 @@ void append_message_id(std::string& out, std::string_view upstream_id) {
 }
 
 std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop, bool tool_calls) {
-  if (finish_reason == "length") return "max_tokens";
+  const Finish f = finish_of(finish_reason);
+  if (f == Finish::length) return "max_tokens";
   if (tool_calls) return "tool_use";
-  if (finish_reason == "content_filter") return "refusal";
+  if (f == Finish::content_filter) return "refusal";
   if (finish_reason == "stop" && !matched_stop.empty()) return "stop_sequence";
   return "end_turn";
 }
@@ -101,8 +103,10 @@ void append_usage_members(std::string& out, const Usage& u) {
                  u.prompt_tokens - cached, u.completion_tokens, cached);
 }
 
-bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id, bool with_thinking) {
+bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id, bool with_thinking,
+                       std::string* unfinished) {
   out.clear();
+  if (unfinished) unfinished->clear();
   alignas(16) unsigned char buf[16 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
   json::storage_ptr sp(&mr);
@@ -118,6 +122,13 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
       }
   if (!msg) {
     append_error_json(out, 502, "The upstream's answer is not a chat completion.");
+    return false;
+  }
+  // A generation the upstream ended without finishing it (vLLM's "abort", "error", "repetition", a value no
+  // mapping knows: finish_reason.hpp) is no message: Anthropic's answer for it is an error, never end_turn.
+  if (const std::string_view finish = string_at(*choice, "finish_reason"); finish_of(finish) == Finish::failed) {
+    if (unfinished) keep_finish_reason(*unfinished, finish);
+    append_error_json(out, 502, unfinished_message(finish));
     return false;
   }
   const auto& root = doc.get_object();

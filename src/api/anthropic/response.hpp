@@ -36,9 +36,12 @@ void append_message_id(std::string& out, std::string_view upstream_id);
 // (a tool call cut off there is incomplete); else, when the message has a
 // tool call (`tool_calls`), tool_use, whatever the finish said; stop →
 // end_turn (or stop_sequence when `matched_stop` is non-empty: vLLM's
-// `stop_reason` string), content_filter → refusal; anything else (null,
-// abort, and tool_calls with no call: Anthropic says tool_use only with
-// tool_use blocks, which a client's tool loop runs) → end_turn.
+// `stop_reason` string), content_filter → refusal; none (null) and
+// tool_calls or function_call with no call (Anthropic says tool_use only
+// with tool_use blocks, which a client's tool loop runs) → end_turn. A
+// failed finish (api::Finish::failed: vLLM's abort, error, repetition, an
+// unknown value) has no stop_reason: the callers answer it as an error
+// before asking (translate_message, StreamTranslator); here it is end_turn.
 std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop, bool tool_calls);
 
 // Appends Anthropic's usage members (without braces) from OpenAI usage:
@@ -59,8 +62,13 @@ void append_usage_members(std::string& out, const Usage& u);
 // The message id is "msg_" + the upstream's id without "chatcmpl-", or
 // "msg_" + `fallback_id` (Weir's request id) when it has none or just
 // "chatcmpl-" (tool ids made from it stay unique per request).
+// A choice whose finish_reason is a failed one (api::Finish::failed: vLLM's
+// "abort", "error", "repetition", or a value no mapping knows) is no
+// message either: false, `out` an api_error body naming the value
+// (api::unfinished_message), and `*unfinished` (when given; cleared
+// otherwise) that value, so the caller answers a 502 upstream failure.
 bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id = {},
-                       bool with_thinking = true);
+                       bool with_thinking = true, std::string* unfinished = nullptr);
 
 // Translates vLLM's /tokenize answer {"count": N, ...} into
 // {"input_tokens": N}. Returns false when there is no count (out then holds

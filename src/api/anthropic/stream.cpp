@@ -13,6 +13,7 @@
 
 #include "api/anthropic/response.hpp"
 #include "api/error_text.hpp"
+#include "api/finish_reason.hpp"
 #include "api/tool_ids.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
@@ -174,6 +175,7 @@ void StreamTranslator::delta(std::string_view type, std::string_view field, std:
 }
 
 void StreamTranslator::terminate(std::string& out) {
+  if (!unfinished_.empty()) return fail(502, unfinished_message(unfinished_), out);
   if (!close_all(out)) return;
   begin_event(out, "message_delta");
   out += R"({"type":"message_delta","delta":{"stop_reason":)";
@@ -338,6 +340,12 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
         finished_ = true;
+        if (finish_of(finish) == Finish::failed) {
+          // The generation did not end (vLLM's "abort", "error", ...): the stream fails where it would have
+          // ended (terminate()), after the usage chunk, never with a message_delta that calls it a turn.
+          keep_finish_reason(unfinished_, finish);
+          continue;
+        }
         truncated_ = finish == "length";
         if (!close_all(out)) return;
         const std::string_view matched = string_at(choice, "stop_reason");

@@ -17,7 +17,10 @@
 // order, when the tool calls end. A call whose arguments are no JSON text
 // when it ends fails the stream (an error event), unless it is the last
 // block and finish_reason was "length" (the call the limit cut: stop_reason
-// max_tokens says its input was cut; an earlier call's was whole).
+// max_tokens says its input was cut; an earlier call's was whole). A failed
+// finish_reason (api::Finish::failed: vLLM's "abort", "error", "repetition",
+// a value no mapping knows) ends it with an error event (api_error), never a
+// message_delta with end_turn.
 #pragma once
 
 #include <cstddef>
@@ -66,6 +69,10 @@ class StreamTranslator {
   bool ended() const { return ended_; }
   // It ended with fail(): the upstream's error or a chunk that was no JSON object (or Weir's failure).
   bool failed() const { return failed_; }
+  // The finish_reason the upstream ended the generation with when it is a failed one (api::Finish::failed:
+  // vLLM's "abort", "error", "repetition", an unknown value), cut to 64 bytes; empty otherwise. The stream
+  // then fails where it would have ended (after the usage chunk, at [DONE], or at finish()), 502.
+  std::string_view unfinished() const { return unfinished_; }
 
  private:
   enum class Block : std::uint8_t { none, text, thinking, tool };
@@ -85,7 +92,8 @@ class StreamTranslator {
   bool started_ = false;
   bool ended_ = false;
   bool failed_ = false;
-  bool finished_ = false;  // a finish_reason arrived
+  bool finished_ = false;   // a finish_reason arrived
+  std::string unfinished_;  // a failed finish_reason that arrived (unfinished())
   bool has_usage_ = false;
   Block open_ = Block::none;
   std::uint32_t next_index_ = 0;  // the next content block's index

@@ -17,6 +17,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/error_text.hpp"
+#include "api/finish_reason.hpp"
 #include "api/json_write.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
@@ -69,8 +70,9 @@ void append_id(std::string& out, std::string_view prefix, std::string_view upstr
 
 std::string_view status_of(std::string_view finish_reason, std::string_view& incomplete_reason) {
   incomplete_reason = {};
-  if (finish_reason == "length") incomplete_reason = "max_output_tokens";
-  if (finish_reason == "content_filter") incomplete_reason = "content_filter";
+  const Finish f = finish_of(finish_reason);
+  if (f == Finish::length) incomplete_reason = "max_output_tokens";
+  if (f == Finish::content_filter) incomplete_reason = "content_filter";
   return incomplete_reason.empty() ? std::string_view("completed") : std::string_view("incomplete");
 }
 
@@ -206,6 +208,12 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
         if (const auto* m = choice->if_contains("message"); m && m->is_object()) msg = &m->get_object();
       }
   if (!msg) return Translated::not_a_completion;
+  // A generation the upstream ended without finishing it (vLLM's "abort", "error", "repetition", a value no
+  // mapping knows: finish_reason.hpp) is never a completed response.
+  if (const std::string_view finish = string_at(*choice, "finish_reason"); finish_of(finish) == Finish::failed) {
+    keep_finish_reason(out, finish);
+    return Translated::unfinished;
+  }
   const auto& root = doc.get_object();
   // An upstream that gives no id (an OpenAI-compatible server other than
   // vLLM): the request's, as the stream translator takes it, so every

@@ -65,7 +65,10 @@ void append_logprobs(std::string& out, const boost::json::object& choice);
 
 // Responses' status for a chat finish_reason: length → "incomplete" with
 // reason "max_output_tokens", content_filter → "incomplete" with
-// "content_filter"; anything else → "completed" (reason empty).
+// "content_filter"; stop, tool_calls, function_call and none → "completed"
+// (reason empty). A failed finish (api::Finish::failed) has no status here:
+// the callers fail the response before asking (translate_response,
+// StreamTranslator); here it is "completed".
 std::string_view status_of(std::string_view finish_reason, std::string_view& incomplete_reason);
 
 // Appends one output item object. `status` is the item's ("in_progress",
@@ -100,8 +103,12 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // call's arguments are no JSON text (the client must not run it, as the
 // stream fails then; `out` names the first such call: "function call
 // <call_id> (<name>)"), unless it is the last item and the finish was
-// "length": the call the limit cut, "incomplete" as the response is.
-enum class Translated : std::uint8_t { ok, not_a_completion, invalid_arguments };
+// "length": the call the limit cut, "incomplete" as the response is;
+// unfinished when the choice's finish_reason is a failed one
+// (api::Finish::failed: vLLM's "abort", "error", "repetition", or a value no
+// mapping knows; `out` holds that value, cut to 64 bytes): the generation
+// did not end, so there is no response to give, complete or incomplete.
+enum class Translated : std::uint8_t { ok, not_a_completion, invalid_arguments, unfinished };
 Translated translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id,
                               std::string& out);
 

@@ -4,6 +4,7 @@
 // (each string grows geometrically): the .done events and the terminal
 // response repeat it whole, as Responses requires.
 #include "api/openai/stream.hpp"
+#include "api/finish_reason.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "api/responses/stream.hpp"
@@ -287,6 +288,7 @@ bool StreamTranslator::close_all(std::string& out) {
 }
 
 void StreamTranslator::terminate(std::string& out) {
+  if (!unfinished_.empty()) return fail(502, unfinished_message(unfinished_), out);
   if (!close_all(out)) return;
   begin(status_ == "incomplete" ? "response.incomplete" : "response.completed", out);
   out += R"(,"response":)";
@@ -459,6 +461,12 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
         finished_ = true;
+        if (finish_of(finish) == Finish::failed) {
+          // The generation did not end (vLLM's "abort", "error", ...): response.failed where the stream would
+          // have ended (terminate()), after the usage chunk, never response.completed.
+          keep_finish_reason(unfinished_, finish);
+          continue;
+        }
         truncated_ = finish == "length";
         status_ = status_of(finish, incomplete_reason_);
         if (!close_all(out)) return;

@@ -17,7 +17,10 @@
 // order, when the tool calls end. A call whose arguments are no JSON text
 // when it ends gives response.failed, unless it is the last item and
 // finish_reason was "length" (the call the limit cut: the response and that
-// item are then incomplete, reason max_output_tokens).
+// item are then incomplete, reason max_output_tokens). A failed finish_reason
+// (api::Finish::failed: vLLM's "abort", "error", "repetition", a value no
+// mapping knows) ends it with response.failed (error server_error), never
+// response.completed.
 #pragma once
 
 #include <cstddef>
@@ -90,6 +93,10 @@ class StreamTranslator {
   bool ended() const { return ended_; }
   // It ended with fail(): the upstream's error or a chunk that was no JSON object (or Weir's failure).
   bool failed() const { return failed_; }
+  // The finish_reason the upstream ended the generation with when it is a failed one (api::Finish::failed:
+  // vLLM's "abort", "error", "repetition", an unknown value), cut to 64 bytes; empty otherwise. The stream
+  // then fails where it would have ended (after the usage chunk, at [DONE], or at finish()), 502.
+  std::string_view unfinished() const { return unfinished_; }
 
  private:
   void begin(std::string_view type, std::string& out);
@@ -113,8 +120,9 @@ class StreamTranslator {
   bool started_ = false;
   bool ended_ = false;
   bool failed_ = false;
-  bool finished_ = false;  // a finish_reason arrived
-  bool open_ = false;      // items_.back() is open
+  bool finished_ = false;   // a finish_reason arrived
+  std::string unfinished_;  // a failed finish_reason that arrived (unfinished())
+  bool open_ = false;       // items_.back() is open
   bool has_usage_ = false;
   bool usage_per_choice_ = false;  // usage_ came on a chunk with choices (not the usage-only chunk)
   const FailedUsage* charged_by_ = nullptr;

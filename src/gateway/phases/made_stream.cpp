@@ -30,7 +30,7 @@ void append_as_openai_stream(std::string_view chunk, bool with_usage, std::strin
 }
 
 bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
-                            std::string& out, std::string& chunk) {
+                            std::string& out, std::string& chunk, std::string* unfinished) {
   if (!api::openai::completion_as_chunk(chat, chunk)) return false;
   switch (client) {
     case Translation::none:
@@ -44,6 +44,7 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
       tr.reset(ctx.upstream_id(), api::anthropic::StreamTranslator::kHeldLimit, ctx.fields.thinking);
       tr.on_data(chunk, out);
       tr.finish(out);
+      if (unfinished) unfinished->assign(tr.unfinished());
       return !tr.failed();
     }
     case Translation::responses: {
@@ -51,6 +52,7 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
       tr.reset(ctx.responses_echo(), ctx.upstream_id(), ctx.model);
       tr.on_data(chunk, out);
       tr.finish(out);
+      if (unfinished) unfinished->assign(tr.unfinished());
       return !tr.failed();
     }
   }
@@ -86,7 +88,8 @@ MadeStream count_made_stream(std::string_view client, bool translated, std::stri
   return n;
 }
 
-bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out) {
+bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out,
+                               std::string* unfinished) {
   http::SseReader reader;
   reader.push(sse);
   const auto run = [&](auto& tr) {
@@ -96,6 +99,7 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
       tr.on_data(ev->data, out);
     }
     tr.finish(out);
+    if (unfinished) unfinished->assign(tr.unfinished());
     return !tr.failed();
   };
   if (client == Translation::anthropic) {

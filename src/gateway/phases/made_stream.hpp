@@ -28,10 +28,12 @@ void append_as_openai_stream(std::string_view chunk, bool with_usage, std::strin
 // (api::openai::completion_as_chunk, then the stream's own translator). A
 // chat client gets its one chunk, its usage chunk when it asked for one
 // (`with_usage`), and [DONE]. False when `chat` is no chat completion or the
-// translator failed. `chunk`: that one chunk, for count_made_stream (made
-// once: for a long answer it is tens of MB).
+// translator failed; then `unfinished` (when given) is the failed
+// finish_reason that failed it, if that was the cause (api::Finish::failed:
+// the generation did not end), else empty. `chunk`: that one chunk, for
+// count_made_stream (made once: for a long answer it is tens of MB).
 bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
-                            std::string& out, std::string& chunk);
+                            std::string& out, std::string& chunk, std::string* unfinished = nullptr);
 
 // What a stream Weir made from a whole answer counts, as respond_stream
 // counts a relayed one. `events`: for an OpenAI client the data events it
@@ -54,7 +56,10 @@ MadeStream count_made_stream(std::string_view client, bool translated, std::stri
 // identity), decoded whole (`sse`): the events a translated route's client
 // (`client`: anthropic or responses) asked for, appended to `out`, each
 // upstream chunk run through the client's stream translator, as
-// respond_stream would have. False when the translator failed.
-bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out);
+// respond_stream would have. False when the translator failed; then
+// `unfinished` (when given) is the failed finish_reason that failed it, if
+// that was the cause, else empty.
+bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out,
+                               std::string* unfinished = nullptr);
 
 }  // namespace weir::gateway

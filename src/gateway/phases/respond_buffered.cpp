@@ -18,6 +18,7 @@
 #include "api/anthropic/stream.hpp"
 #include "api/anthropic/upstream_response.hpp"
 #include "api/error_text.hpp"
+#include "api/finish_reason.hpp"
 #include "api/openai/stream.hpp"
 #include "api/responses/response.hpp"
 #include "api/responses/stream.hpp"
@@ -407,6 +408,16 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
   }
   ctx.status = status;
+  // A chat or completions answer passed on as it came (vLLM's finish_reason is vLLM's wire) whose choice's
+  // finish_reason says the generation failed (vLLM's "abort", "error", ...: api::Finish::failed): the log and
+  // the endpoint's record say the upstream failed. (A translated route's answer fails below instead.)
+  if ((ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions) && !anthropic_up &&
+      status >= 200 && status < 300)
+    if (const std::string_view f = api::failed_finish_in(plain); !f.empty()) {
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+      ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
+      ctx.set_error(upstream_unfinished(subject(ctx), f));
+    }
   if (status >= 400) {
     // The upstream's own error passes through with its body; the log blames
     // its side: the upstream's for a 5xx and for the statuses that say it
@@ -442,8 +453,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       event_stream && rewritten && (ctx.route == RouteKind::messages || is_responses(ctx.route));
   if (translate_events) {
     const Translation client = is_anthropic(ctx.route) ? Translation::anthropic : Translation::responses;
-    if (!decoded_stream_translated(plain, client, ctx, translated))
-      co_return untranslatable(ctx, "a chat completion stream");
+    std::string unfinished;  // (a failed finish_reason: the generation did not end)
+    if (!decoded_stream_translated(plain, client, ctx, translated, &unfinished))
+      co_return unfinished.empty() ? untranslatable(ctx, "a chat completion stream")
+                                   : no_answer(ctx, upstream_unfinished(subject(ctx), unfinished));
     out = translated;
     drop_encoding = encoded;
     made = count_made_stream(out, true, plain, {});
@@ -494,6 +507,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     const bool with_usage = anthropic_up ? ctx.fields.usage_asked : !ctx.strip_usage;
     bool ok = false;
     std::string made_chunk;  // (a chat completion's one chunk: whole_answer_as_stream)
+    std::string unfinished;  // (a failed finish_reason: the generation did not end)
     if (ctx.route == RouteKind::completions) {
       // A text completion streams in its whole answer's shape (object
       // text_completion, choices' text): only a body of that shape (not an
@@ -501,8 +515,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ok = is_text_completion(from);
       if (ok) append_as_openai_stream(from, with_usage, translated);
     } else {
-      ok = whole_answer_as_stream(from, client, ctx, with_usage, translated, made_chunk);
+      ok = whole_answer_as_stream(from, client, ctx, with_usage, translated, made_chunk, &unfinished);
     }
+    if (!unfinished.empty()) co_return no_answer(ctx, upstream_unfinished(subject(ctx), unfinished));
     if (!ok)
       co_return untranslatable(ctx, anthropic_up                          ? "an Anthropic message"
                                     : ctx.route == RouteKind::completions ? "a text completion"
@@ -524,6 +539,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
         co_return untranslatable(ctx, "a chat completion");
       case api::responses::Translated::invalid_arguments:  // (`translated` names the call)
         co_return no_answer(ctx, upstream_invalid_arguments(subject(ctx), translated));
+      case api::responses::Translated::unfinished:  // (`translated` is the finish_reason)
+        co_return no_answer(ctx, upstream_unfinished(subject(ctx), translated));
     }
     out = translated;
     drop_encoding = encoded;
@@ -569,12 +586,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ctx.usage = {};
     }
     bool ok = true;
+    std::string unfinished;  // (a failed finish_reason: the generation did not end)
     if (status < 200 || status >= 300)
       api::anthropic::append_upstream_error(translated, status, plain);
     else if (ctx.route == RouteKind::messages)
-      ok = api::anthropic::translate_message(plain, translated, ctx.upstream_id(), ctx.fields.thinking);
+      ok = api::anthropic::translate_message(plain, translated, ctx.upstream_id(), ctx.fields.thinking, &unfinished);
     else
       ok = api::anthropic::translate_count(plain, translated);
+    if (!unfinished.empty()) co_return no_answer(ctx, upstream_unfinished(subject(ctx), unfinished));
     if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");
     out = translated;
     drop_encoding = encoded;

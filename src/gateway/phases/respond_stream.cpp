@@ -126,7 +126,11 @@ GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
 core::Error GatewayPhases::stream_failure(const RequestContext& ctx, const StreamRelay& s,
                                           http::UpstreamFailure failure, bool incomplete, bool mid_stream) const {
   if (incomplete) return upstream_stream_incomplete(subject(ctx));
-  if (s.error_relayed) return upstream_error_event(subject(ctx));
+  if (s.error_relayed) {
+    // (A translated stream failed by a failed finish_reason: the generation did not end.)
+    if (const std::string_view f = ctx.hooks.unfinished(); !f.empty()) return upstream_unfinished(subject(ctx), f);
+    return upstream_error_event(subject(ctx));
+  }
   if (s.event_too_large) return upstream_event_too_large(subject(ctx), ctx.sse.max_event_bytes());
   return upstream_error(failure, subject(ctx), mid_stream);
 }
@@ -511,9 +515,21 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   // The client read [DONE] and left before the upstream's last bytes (the
   // openai SDK closes as soon as it reads [DONE]): a complete stream.
   const bool finished = ctx.hooks.done_relayed() && !down_.write_failed() && !down_.writing() && down_.queue_empty();
+  // A chat or completions stream relayed as it came whose finish_reason said the generation failed (vLLM's
+  // "abort", "error", ...: api::Finish::failed): the client got vLLM's wire, whole; the log and the endpoint's
+  // record say the upstream failed, as for a translated stream, whose client was told so in its dialect.
+  const auto note_unfinished = [&] {
+    if (ctx.hooks.translating() || ctx.has_error) return;
+    if (const std::string_view f = ctx.hooks.unfinished(); !f.empty()) {
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+      ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
+      ctx.set_error(upstream_unfinished(subject(ctx), f));
+    }
+  };
   if (down_.client_gone() && finished) {
     if (!src.done()) src.cancel();
     down_.close();
+    note_unfinished();
     return Outcome::responded();
   }
   if (down_.client_gone() || down_.write_failed()) {
@@ -558,6 +574,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     ctx.resume.wanted = ctx.resume.on;
     return Outcome::failed(stream_failure(ctx, s, failure, incomplete, true));
   }
+  note_unfinished();
   ctx.ticket.release_streams();  // (the stream's last bytes go out below)
   if (!ctx.committed) {          // a held stream that ended without a content event
     send_stream_head(ctx, src);
@@ -574,7 +591,9 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       // and the endpoint's record say the upstream failed, as for a chat stream.
       count_upstream_failure(ctx, http::UpstreamFailure::protocol);
       ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
-      ctx.set_error(upstream_stream_incomplete(subject(ctx)));
+      const std::string_view unfinished = ctx.hooks.unfinished();  // (its finish said the generation did not end)
+      ctx.set_error(unfinished.empty() ? upstream_stream_incomplete(subject(ctx))
+                                       : upstream_unfinished(subject(ctx), unfinished));
     }
     if (ctx.capture) capture_response(ctx, events);
     if (!events.empty()) down_.send_body(events);
