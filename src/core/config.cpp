@@ -269,8 +269,9 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
           config_error(kv.first, "models", "'*' is reserved (the metrics' label of models served by default_pool)"));
     // (Prices are in the top-level `pricing:` section; `prices` here was once
     // accepted and never read, so it is an unknown key.)
-    WEIR_TRY_VOID(check_keys(
-        m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens", "media_tokens", "fallbacks"}));
+    WEIR_TRY_VOID(check_keys(m, key,
+                             {"pool", "upstream_model", "aliases", "owned_by", "max_model_len", "default_max_tokens",
+                              "media_tokens", "fallbacks"}));
     ModelConfig mc;
     mc.name = name;
     auto pn = m["pool"];
@@ -287,6 +288,10 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     if (auto v = m["owned_by"]) {
       WEIR_TRY(s, read_name(v, key + ".owned_by"));
       mc.owned_by = s;
+    }
+    if (auto v = m["max_model_len"]) {
+      WEIR_TRY(t, read_int(v, key + ".max_model_len", 1, 1'000'000'000));
+      mc.max_model_len = static_cast<std::uint32_t>(t);
     }
     if (auto v = m["default_max_tokens"]) {
       WEIR_TRY(t, read_int(v, key + ".default_max_tokens", 1, 10'000'000));

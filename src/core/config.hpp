@@ -389,6 +389,10 @@ struct ModelConfig {
   std::string upstream_model;        // name sent upstream; empty = same as `name`
   std::vector<std::string> aliases;  // other names clients may use
   std::string owned_by = "weir";
+  // The model's context length in tokens (prompt and completion), listed as `max_model_len` by GET /v1/models
+  // in OpenAI's shape, as vLLM lists its --max-model-len (clients size prompts by it). 0: not configured, and
+  // not listed (Weir does not fetch it from the pool, and never makes one up). 1..1,000,000,000.
+  std::uint32_t max_model_len = 0;
   // Completion tokens assumed for a request that gives no max_tokens /
   // max_completion_tokens: the admission estimate and the budget reservation
   // (docs/admission.md). Not sent upstream.

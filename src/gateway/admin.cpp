@@ -144,13 +144,16 @@ tl::expected<void, core::Error> append_anthropic_list(
   return {};
 }
 
-void append_model(std::string& out, std::string_view id, std::string_view owned_by, std::string_view root) {
+// One model of the list in OpenAI's shape, with vLLM's `root` (the canonical name) and, when configured,
+// its `max_model_len` (models.NAME.max_model_len), as vLLM lists it.
+void append_model(std::string& out, std::string_view id, const core::ModelConfig& m) {
   out += R"({"id":)";
   core::append_json_string(out, id);
   fmt::format_to(std::back_inserter(out), R"(,"object":"model","created":{},"owned_by":)", kStartTime);
-  core::append_json_string(out, owned_by);
+  core::append_json_string(out, m.owned_by);
   out += R"(,"root":)";
-  core::append_json_string(out, root);
+  core::append_json_string(out, m.name);
+  if (m.max_model_len != 0) fmt::format_to(std::back_inserter(out), R"(,"max_model_len":{})", m.max_model_len);
   out += "}";
 }
 // weir_budget_{limit,remaining}_usd{tenant}: every budgeted tenant with a
@@ -399,7 +402,7 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
         if (anthropic)
           append_anthropic_model(out, id, kStartTime);
         else
-          append_model(out, id, m.owned_by, m.name);
+          append_model(out, id, m);
         return out;
       }
     }
@@ -421,10 +424,10 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
     if (!visible(m)) continue;
     if (!first) out += ",";
     first = false;
-    append_model(out, m.name, m.owned_by, m.name);
+    append_model(out, m.name, m);
     for (const auto& a : m.aliases) {
       out += ",";
-      append_model(out, a, m.owned_by, m.name);
+      append_model(out, a, m);
     }
   }
   out += "]}";

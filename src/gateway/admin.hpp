@@ -41,7 +41,8 @@ struct AnthropicPage {
 tl::expected<AnthropicPage, core::Error> anthropic_page(std::string_view query);
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
-// created, owned_by}]} with every configured model and alias that `principal`
+// created, owned_by, root (the canonical name), max_model_len (only when
+// models.NAME.max_model_len is set: vLLM's field)}]} with every configured model and alias that `principal`
 // may use (all of them when it is null); GET /v1/models/{id} → that model
 // object, or 404 model_not_found (also for a model the principal may not use).
 // `anthropic` (the request carried anthropic-version: an Anthropic SDK's

@@ -171,3 +171,31 @@ def test_chat_stream_that_finished_logs_no_error(stack):
     assert w.log_for(r)["error"] is None
     assert failures(w) == before
 
+
+# --- /v1/models: max_model_len, as vLLM lists it ----------------------------------------------------------------
+
+def test_models_list_the_configured_max_model_len(weir, mock):
+    m = mock()
+    w = weir(config={
+        "pools": {"p": {"endpoints": [m.base_url]}},
+        "models": {"big": {"pool": "p", "upstream_model": "mock-model", "aliases": ["big-alias"],
+                           "max_model_len": 131072},
+                   "plain": {"pool": "p", "upstream_model": "mock-model"}},
+    })
+    client = openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0, timeout=30)
+    listed = {x.id: x.model_extra for x in client.models.list().data}
+    assert listed["big"]["max_model_len"] == 131072
+    assert listed["big-alias"]["max_model_len"] == 131072
+    assert "max_model_len" not in listed["plain"]  # (not configured: none made up)
+    assert client.models.retrieve("big").model_extra["max_model_len"] == 131072
+    # Anthropic's shape has no such field.
+    a = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0, timeout=30)
+    assert "max_model_len" not in a.models.retrieve("big").model_dump()
+
+
+def test_models_quick_mode_passes_the_pools_own_max_model_len(weir, mock):
+    m = mock()
+    w = weir(m)
+    up = httpx.get(m.base_url + "/v1/models", timeout=10).json()["data"][0]
+    mine = httpx.get(w.v1 + "/models", timeout=10).json()["data"][0]
+    assert "max_model_len" in up and mine["max_model_len"] == up["max_model_len"]
