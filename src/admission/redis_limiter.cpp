@@ -265,6 +265,7 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
   // is under both members now.
   if (a.period_ms == b.period_ms && a.calendar == b.calendar && a.offset_ms == b.offset_ms) {
     at(to).continues.store(from, std::memory_order_release);
+    at(from).successor = to;  // it folds into `to` once drained (fold_retired)
     return;
   }
   // Another period counts in another hash: this replica's settled spend of
@@ -317,20 +318,100 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
     parts.erase(parts.begin());
     add(std::string(), n);
   }
-  SpendCtl& bc = at(to).spend_ctl;
-  for (auto& [h, n] : parts) {
-    bool merged = false;
-    for (auto& [h2, n2] : bc.carried)
-      if (h2 == h) {
-        n2 += n;
-        merged = true;
-      }
-    if (!merged) bc.carried.emplace_back(std::move(h), n);
-  }
+  merge_carried(at(to).spend_ctl.carried, std::move(parts));
   Spend& sp = at(to).spend;
   sp.mine.fetch_add(mine, std::memory_order_acq_rel);
   sp.free.fetch_sub(mine, std::memory_order_acq_rel);
   sp.touched.store(true, std::memory_order_relaxed);
+}
+
+void RedisLimiter::merge_carried(std::vector<std::pair<std::string, std::int64_t>>& into,
+                                 std::vector<std::pair<std::string, std::int64_t>> parts) {
+  for (auto& [h, n] : parts) {
+    bool merged = false;
+    for (auto& [h2, n2] : into)
+      if (h2 == h) {
+        n2 += n;
+        merged = true;
+      }
+    if (!merged) into.emplace_back(std::move(h), n);
+  }
+  std::int64_t unknown = 0;
+  while (into.size() > SpendCtl::kCarriedMax) {
+    unknown += into.front().second;
+    into.erase(into.begin());
+  }
+  if (unknown > 0) merge_carried(into, {{std::string(), unknown}});
+}
+
+std::uint32_t RedisLimiter::spend_home(std::uint32_t scope) const noexcept {
+  for (int steps = 0; steps < 64; ++steps) {
+    const std::uint32_t f = at(scope).folded_into.load(std::memory_order_acquire);
+    if (f == ScopeState::kNoScope || f >= scope_count_) break;
+    scope = f;
+  }
+  return scope;
+}
+
+bool RedisLimiter::fold_retired(std::uint32_t p) {
+  ScopeState& ps = at(p);
+  if (ps.folded_into.load(std::memory_order_relaxed) != ScopeState::kNoScope) return true;
+  if (ps.successor == ScopeState::kNoScope || ps.successor >= scope_count_) return false;
+  const std::uint32_t t = spend_home(ps.successor);
+  if (t == p) return false;
+  ScopeState& ts = at(t);
+  SpendCtl& pc = ps.spend_ctl;
+  SpendCtl& tc = ts.spend_ctl;
+  // The same hash in Redis (the same period, known to the successor; the retired scope's last push went
+  // to it, or it never pushed), nothing in flight here (its reservations are covered by its allowance in
+  // Redis until they settle), and room in the successor's list of folds to send.
+  if (!pc.enabled || !tc.enabled || pc.period_ms != tc.period_ms || pc.calendar != tc.calendar ||
+      pc.offset_ms != tc.offset_ms || tc.idx < 0 || (pc.idx >= 0 && pc.idx != tc.idx) ||
+      tc.folds.size() + pc.folds.size() >= SpendCtl::kFoldsMax)
+    return false;
+  Spend& psp = ps.spend;
+  Spend& tsp = ts.spend;
+  if (psp.in_use.load(std::memory_order_seq_cst) > 0) return false;
+  // From here a ticket of `p` reserves and settles at `t` (spend_home). One that reserved here after the
+  // check above still settles here first (settle_spend), its cost charged to `t`.
+  ps.folded_into.store(t, std::memory_order_seq_cst);
+  const std::int64_t d = psp.mine.exchange(0, std::memory_order_acq_rel);
+  const std::int64_t pushed = pc.idx >= 0 ? pc.pushed : 0;
+  // `p` holds nothing now: free = allowance - in use - (mine - pushed) becomes -in use.
+  psp.free.fetch_add(-pc.allowance + (d - pushed), std::memory_order_acq_rel);
+  psp.others.store(0, std::memory_order_relaxed);
+  // What the period's hash counts already of the spend `p` carried in (its skip, known at its first reply).
+  std::int64_t skip = pc.skip;
+  if (pc.idx < 0) {
+    const std::string hash = period_hash(tc, tc.idx);
+    for (const auto& [set, n] : pc.carried)
+      if (holds_hash(set, hash)) skip += n;
+  }
+  tc.skip += skip;
+  merge_carried(tc.carried, std::move(pc.carried));
+  pc.carried.clear();
+  pc.skip = 0;
+  pc.allowance = 0;
+  pc.pushed = 0;
+  tc.pushed += pushed;  // Redis's s: of `t` holds it too once the fold is done (budget.lua)
+  tsp.mine.fetch_add(d, std::memory_order_acq_rel);
+  tsp.free.fetch_sub(d - pushed, std::memory_order_acq_rel);  // unpushed here now
+  // The successor's `others` (total - its s: - its skip at its last reply) counted what `p` pushed, which
+  // is its own now (until its next reply says so).
+  std::int64_t o = tsp.others.load(std::memory_order_acquire);
+  while (!tsp.others.compare_exchange_weak(o, std::max<std::int64_t>(o - pushed, 0), std::memory_order_acq_rel)) {
+  }
+  tsp.touched.store(true, std::memory_order_relaxed);
+  // Its member's fields in Redis (and those of the scopes folded into it, not yet merged) merge at the
+  // successor's next push: a member that never answered wrote none.
+  for (auto& m : pc.folds) tc.folds.push_back(std::move(m));
+  pc.folds.clear();
+  if (pc.idx >= 0) tc.folds.push_back(ps.member);
+  // `p` leaves the successor's chain (carry_period_spend walks it): its spend is the successor's now.
+  if (ts.continues.load(std::memory_order_relaxed) == p)
+    ts.continues.store(ps.continues.load(std::memory_order_relaxed), std::memory_order_release);
+  woken_.push_back(t);
+  return true;
 }
 
 RedisLimiter::ScopeState& RedisLimiter::at(std::uint32_t scope) const noexcept {
@@ -533,7 +614,7 @@ bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
 
 BudgetWindow RedisLimiter::budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const {
   // (`scope` is held: the caller checked scope_count(), as for spent().)
-  const std::int64_t idx = at(scope).spend.period_idx.load(std::memory_order_relaxed);
+  const std::int64_t idx = at(spend_home(scope)).spend.period_idx.load(std::memory_order_relaxed);
   if (idx < 0 || !b.resets()) return Limiter::budget_window(scope, b, now);
   if (b.calendar == core::CalendarPeriod::none) {
     const std::int64_t p = std::chrono::duration_cast<std::chrono::nanoseconds>(b.period).count();
@@ -553,12 +634,13 @@ BudgetWindow RedisLimiter::budget_window(std::uint32_t scope, const auth::Budget
 }
 
 std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
-  Spend& sp = at(scope).spend;
+  Spend& sp = at(spend_home(scope)).spend;
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
   return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
 }
 
 TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) {
+  scope = spend_home(scope);                // (a retired scope's budget was folded into its successor's)
   const SpendCtl& c = at(scope).spend_ctl;  // enabled, limit and period_ms are read-only after construction
   if (!c.enabled) return {};
   Spend& sp = at(scope).spend;
@@ -580,7 +662,7 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   std::int64_t cur = sp.free.load(std::memory_order_relaxed);
   while (cur >= nano_usd) {
     if (sp.free.compare_exchange_weak(cur, cur - nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed)) {
-      sp.in_use.fetch_add(nano_usd, std::memory_order_acq_rel);
+      sp.in_use.fetch_add(nano_usd, std::memory_order_seq_cst);  // (seq_cst: against fold_retired's check)
       return {};
     }
   }
@@ -605,6 +687,7 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
 std::uint32_t RedisLimiter::budget_retry_after_ms(std::uint32_t scope, std::int64_t nano_usd, Instant now) const {
   // As reserve_spend's until_period_end: the period's end as Redis counts it (its last reply's), when the
   // replicas' settled spend leaves no room.
+  scope = spend_home(scope);
   const SpendCtl& c = at(scope).spend_ctl;
   if (!c.enabled || c.limit == 0 || (c.period_ms <= 0 && c.calendar == 0)) return 0;
   const Spend& sp = at(scope).spend;
@@ -621,6 +704,20 @@ void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std:
   // granted this period's allowance with it), so both cases settle alike:
   // the cost is charged to the current period.
   if (!at(scope).spend_ctl.enabled) return;
+  if (at(scope).folded_into.load(std::memory_order_acquire) != ScopeState::kNoScope) {
+    // Folded into its successor (fold_retired): a reservation made here before the fold (a race with its
+    // check) is released here; the cost, and a reservation made at the successor, are the successor's.
+    Spend& old = at(scope).spend;
+    std::int64_t cur = old.in_use.load(std::memory_order_acquire);
+    bool here = false;
+    while (reserved > 0 && cur >= reserved && !here)
+      here = old.in_use.compare_exchange_weak(cur, cur - reserved, std::memory_order_acq_rel);
+    if (here) {
+      old.free.fetch_add(reserved, std::memory_order_acq_rel);
+      reserved = 0;
+    }
+    scope = spend_home(scope);
+  }
   Spend& sp = at(scope).spend;
   if (reserved != 0) sp.in_use.fetch_sub(reserved, std::memory_order_acq_rel);
   if (reserved != actual) sp.free.fetch_add(reserved - actual, std::memory_order_acq_rel);

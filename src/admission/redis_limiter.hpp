@@ -220,6 +220,21 @@ class RedisLimiter final : public Limiter {
   void init_scope(std::size_t i, const auth::ScopeInfo& info);  // scope i's state (add_scopes, append_scope)
   // carry()'s part for a budget whose period changed (another hash in Redis).
   void carry_period_spend(std::uint32_t from, std::uint32_t to);
+  // The sync's step for a retired scope `p` (a successor continues it in the same period): once it has no
+  // reservation in flight and both know the period, its spend (settled, pushed or not, and carried), its
+  // allowance and its member in the period's hash fold into the successor's (budget.lua merges the
+  // member's running total into the successor's at its next push), and it is forgotten: it pushes no
+  // more, and a late operation of one of its tickets goes to the successor (spend_home). So a process
+  // keeps one member per budget however many reloads or PATCHes changed its scope. Control thread; true
+  // when `p` is folded (now or before): the sync sends nothing for its budget.
+  bool fold_retired(std::uint32_t p);
+  // The scope whose spend state `scope`'s budget operations use: `scope`, or the one it was folded into
+  // (followed: at most 64 links, each to a newer scope).
+  std::uint32_t spend_home(std::uint32_t scope) const noexcept;
+  // Adds `parts` (hash sets and spend, as SpendCtl::carried) to `into`, merging equal sets; beyond
+  // kCarriedMax the oldest count as of no known hash (pushed: an overcount, never an overspend).
+  static void merge_carried(std::vector<std::pair<std::string, std::int64_t>>& into,
+                            std::vector<std::pair<std::string, std::int64_t>> parts);
   // The Redis hash budget.lua counts period `idx` of budget `c` in (its key(idx)).
   static std::string period_hash(const SpendCtl& c, std::int64_t idx);
   // A set of hashes as SpendCtl::carried keeps it: `set` with `hash` added, and whether it holds `hash`.

@@ -136,6 +136,11 @@ struct RedisLimiter::SpendCtl {
   // set at the first reply (when the period is known), dropped when the period rolls. A push sends
   // mine - skip, and the others' spend is total - pushed - skip.
   std::int64_t skip = 0;
+  // Members of retired scopes folded into this one (fold_retired) whose fields in the period's hash are
+  // still to be merged into this one's: sent with each push (budget.lua's fold list, idempotent) until a
+  // reply acknowledges them. At most kFoldsMax: a scope with that many waiting folds no more until then.
+  std::vector<std::string> folds;
+  static constexpr std::size_t kFoldsMax = 64;
 };
 
 // One scope's state. Worker-shared parts first, each on its own cache line;
@@ -163,6 +168,12 @@ struct RedisLimiter::ScopeState {
   // period carries it too (carry_period_spend).
   static constexpr std::uint32_t kNoScope = 0xffffffffu;
   std::atomic<std::uint32_t> continues{kNoScope};
+  // The scope that continues this one within the same budget period (the reverse of `continues`; control
+  // thread): once this one has no reservation in flight, its spend folds into that one (fold_retired).
+  std::uint32_t successor = kNoScope;
+  // Set once this scope's spend was folded into that scope (kNoScope: not folded); never cleared. Workers
+  // follow it (spend_home): a late reservation or settlement of a ticket of this scope goes there.
+  std::atomic<std::uint32_t> folded_into{kNoScope};
   // Control thread: the sync's walk that last visited this scope, and the last one that sent it a command.
   std::uint64_t visited = 0;
   std::uint64_t sent = 0;

@@ -197,7 +197,10 @@ return {grant, others, starved, others_used, bad}
 // the in-process limiter, agree on the window and its end.
 // KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
 // cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,
-// calendar (0 = none: period ms applies), offset ms (east of UTC).
+// calendar (0 = none: period ms applies), offset ms (east of UTC), then any number of
+// members folded into this one (RedisLimiter::fold_retired: retired scopes of this replica): in the
+// hash of the period of cum, each one's s: is added to this replica's and its s:, t: and a: go (total
+// counts it already; idempotent: a retried push finds nothing left to merge).
 // A period's key that is no hash, or whose `total` or this replica's `s:`
 // is not an integer, is deleted before use: the period's spend is then
 // lost as in a Redis that lost its data, and the replicas re-seed it (each
@@ -300,16 +303,26 @@ local function check(k)
     end
   end
 end
-if claimed >= 0 and cum > 0 then
+if claimed >= 0 and (cum > 0 or #ARGV > 10) then
   local k = key(claimed)
   check(k)
+  -- Members folded into this one (retired scopes of this replica): each one's running total joins this
+  -- one's, its fields go; `total` counts it already. Again (a retried push) finds nothing to merge.
+  for j = 11, #ARGV do
+    local m = ARGV[j]
+    if m ~= id then
+      local v = redis.call('HGET', k, 's:' .. m)
+      if v and string.match(v, '^%d+$') and #v <= 18 then redis.call('HINCRBY', k, 's:' .. id, v) end
+      redis.call('HDEL', k, 's:' .. m, 't:' .. m, 'a:' .. m)
+    end
+  end
   local old = tonumber(redis.call('HGET', k, 's:' .. id) or '0')
   if cum > old then
     redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
     redis.call('HSET', k, 's:' .. id, ARGV[4])
     if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
   end
-  redis.call('HSET', k, 't:' .. id, string.format('%.0f', now))
+  if cum > 0 or old > 0 then redis.call('HSET', k, 't:' .. id, string.format('%.0f', now)) end
 end
 local k = key(idx)
 if idx ~= claimed or cum <= 0 then check(k) end

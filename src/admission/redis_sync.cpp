@@ -336,6 +336,11 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   for (const std::uint32_t i : visit_) {
     SpendCtl& c = at(i).spend_ctl;
     if (!c.enabled) continue;
+    // A retired scope folds into its successor once drained, and is not synced after (fold_retired).
+    // (Not in the final sync: its successor's push may be built already.)
+    if (at(i).successor != ScopeState::kNoScope &&
+        (deg || final_sync ? at(i).folded_into.load() != ScopeState::kNoScope : fold_retired(i)))
+      continue;
     Spend& sp = at(i).spend;
     const std::int64_t mine = sp.mine.load(std::memory_order_acquire);
     const std::int64_t inuse = std::max<std::int64_t>(0, sp.in_use.load(std::memory_order_acquire));
@@ -370,7 +375,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       due = true;  // give back
     } else if (!active && c.allowance > inuse && !keep) {
       due = true;  // idle: give back everything not in use
-    } else if (now - c.last_sync >= config_.budget_sync_interval && (touched || mine != c.pushed)) {
+    } else if (now - c.last_sync >= config_.budget_sync_interval && (touched || mine != c.pushed || !c.folds.empty())) {
       due = true;  // push the spend, read the others'
     } else if (c.allowance > 0 && now - c.last_sync >= config_.slot_ttl / 3) {
       due = true;  // renew before the allowance expires
@@ -389,12 +394,15 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     c.last_sync = now;
     const std::string keys[] = {c.key};
     // What the period's hash counts already of the carried spend is not pushed again (SpendCtl::skip).
-    const std::string args[] = {
+    // Then the members of the retired scopes folded into this one (SpendCtl::folds), merged into its own.
+    std::vector<std::string> args = {
         at(i).member,    str(c.period_ms), str(c.idx),   str(std::max<std::int64_t>(mine - c.skip, 0)),
         str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
         str(c.calendar), str(c.offset_ms)};
+    if (c.idx >= 0) args.insert(args.end(), c.folds.begin(), c.folds.end());
+    const auto folds = static_cast<std::int64_t>(c.idx >= 0 ? c.folds.size() : 0);
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
-    ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
+    ops.push_back(Op{Op::Kind::spend, i, mine, inuse, folds, waiting});
   }
 
   if (deg && !final_sync) {
@@ -604,6 +612,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         // room in this replica's allowance. free += grant - old allowance +
         // spend just pushed (workers keep reserving meanwhile: one add).
         const std::int64_t just_pushed = c.idx >= 0 ? op.a - c.pushed : 0;
+        // The members it named are merged into this one's (later folds wait for the next push).
+        c.folds.erase(c.folds.begin(),
+                      c.folds.begin() + std::min<std::int64_t>(op.c, static_cast<std::int64_t>(c.folds.size())));
         sp.free.fetch_add(grant - c.allowance + just_pushed, std::memory_order_acq_rel);
         c.allowance = grant;
         if (c.idx >= 0 && idx != c.idx) {

@@ -57,12 +57,12 @@ bool RedisLimiter::quiet(std::uint32_t i, Instant now) const noexcept {
         now < c.keep_until)
       return false;
   }
-  if (st.spend_ctl.enabled) {
+  if (st.spend_ctl.enabled && st.folded_into.load(rx) == ScopeState::kNoScope) {
     const Spend& sp = st.spend;
     const SpendCtl& c = st.spend_ctl;
     if (c.idx < 0 || c.allowance != 0 || sp.in_use.load(rx) > 0 || sp.wanted.load(rx) || sp.touched.load(rx) ||
-        sp.mine.load(rx) != c.pushed || c.waiting > 0 || !idle(c.last_used) || now >= c.period_end ||
-        now < c.keep_until)
+        sp.mine.load(rx) != c.pushed || c.waiting > 0 || !c.folds.empty() || !idle(c.last_used) ||
+        now >= c.period_end || now < c.keep_until)
       return false;
   }
   return true;

@@ -1264,3 +1264,74 @@ TEST_F(RedisLimiterTest, QuietScopesAreWalkedOnlyByFullWalksAndARefillWakesOne) 
 
 }  // namespace
 }  // namespace weir::admission
+
+namespace weir::admission {
+namespace {
+
+// A key whose limits change 40 times (admin PATCHes: a new scope each time) while both replicas spend: each
+// retired scope folds into its successor once drained, so the budget's hash keeps one member per replica
+// (s:, t:, a:) and `total`, not one per scope ever made; the spend is counted once, exactly.
+TEST_F(RedisLimiterTest, AKeyChangedManyTimesKeepsOneBudgetMemberPerReplica) {
+  auth::Budget dollar;
+  dollar.limit_nano_usd = 1'000'000'000;  // $1, never resets
+  World w(auth::Limits{});
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  auto policy = with_key(2, rpm(1000), dollar);
+  ASSERT_TRUE(grow(a, *policy));
+  ASSERT_TRUE(grow(b, *policy));
+  const api::Usage mill{1000, 0, 1000, 0};  // 1000 prompt tokens at $1/1M: 1,000,000 nano-USD
+  std::int64_t spent = 0;
+  for (std::uint32_t s = 2; s < 42; ++s) {
+    if (s > 2) {
+      policy = with_key(s, rpm(1000 + s), dollar);
+      ASSERT_TRUE(grow(a, *policy));
+      ASSERT_TRUE(grow(b, *policy));
+      for (Replica* r : {&a, &b})
+        asio::post(r->control, asio::use_future([&, r] { r->limiter->carry(s - 1, s, MonoClock::now()); })).get();
+    }
+    const auto p = key_principal(*policy);
+    ASSERT_TRUE(admit(a, s % 2, p, 10, false, mill).ok) << s;
+    ASSERT_TRUE(admit(b, s % 2, p, 10, false, mill).ok) << s;
+    spent += 2'000'000;
+  }
+  const std::string hash = c.key_prefix + "budget:key:vk:0";
+  const std::uint16_t port = server_->port();
+  // Every replica sees the exact spend under the last scope, and Redis counts it once.
+  EXPECT_TRUE(eventually([&] {
+    return a.limiter->spent(41, MonoClock::now()) == spent && b.limiter->spent(41, MonoClock::now()) == spent &&
+           redis_cmd(port, {"HGET", hash, "total"}) == std::to_string(spent);
+  })) << a.limiter->spent(41, MonoClock::now())
+      << " " << b.limiter->spent(41, MonoClock::now()) << " " << redis_cmd(port, {"HGET", hash, "total"});
+  // One member per replica: total + (s:, t:, a:) x 2. (Before: two fields per scope ever made, 160 here.)
+  EXPECT_TRUE(eventually([&] {
+    return std::stoll("0" + redis_cmd(port, {"HLEN", hash})) <= 7;
+  })) << redis_cmd(port, {"HLEN", hash});
+  // Tickets of retired scopes: one reserved under scope 41 and settled after 41 was retired (it folds once
+  // drained), one reserved and settled under scope 3, folded long ago: each cost counted once, at the successor.
+  ASSERT_TRUE(eventually([&] { return a.limiter->reserve_spend(41, 1'000'000, MonoClock::now()).ok; }));
+  policy = with_key(42, rpm(1), dollar);
+  ASSERT_TRUE(grow(a, *policy));
+  ASSERT_TRUE(grow(b, *policy));
+  for (Replica* r : {&a, &b})
+    asio::post(r->control, asio::use_future([&, r] { r->limiter->carry(41, 42, MonoClock::now()); })).get();
+  ASSERT_TRUE(admit(b, 0, key_principal(*policy), 10, false, mill).ok);
+  a.limiter->settle_spend(41, 1'000'000, 1'000'000, MonoClock::now());
+  ASSERT_TRUE(eventually([&] { return a.limiter->reserve_spend(3, 1'000'000, MonoClock::now()).ok; }));
+  a.limiter->settle_spend(3, 1'000'000, 1'000'000, MonoClock::now());
+  spent += 3'000'000;
+  EXPECT_TRUE(eventually([&] {
+    return b.limiter->spent(42, MonoClock::now()) == spent && a.limiter->spent(42, MonoClock::now()) == spent &&
+           redis_cmd(port, {"HGET", hash, "total"}) == std::to_string(spent);
+  })) << a.limiter->spent(42, MonoClock::now())
+      << " " << b.limiter->spent(42, MonoClock::now()) << " " << redis_cmd(port, {"HGET", hash, "total"});
+  EXPECT_TRUE(eventually([&] {
+    return std::stoll("0" + redis_cmd(port, {"HLEN", hash})) <= 7;
+  })) << redis_cmd(port, {"HLEN", hash});
+  a.shutdown();
+  b.shutdown();
+  EXPECT_EQ(redis_cmd(port, {"HGET", hash, "total"}), std::to_string(spent));
+}
+
+}  // namespace
+}  // namespace weir::admission
