@@ -192,6 +192,28 @@ class RedisLimiter final : public Limiter {
 
   store::Task<void> run();
   store::Task<void> sync_once(bool final_sync);
+  // sync_once's steps. A sync's pipeline: one command per op (a lease, stream slots or a budget of a scope
+  // the walk visits, or the outage's probe), built by the plan_* steps in order.
+  struct SyncOp;
+  using Op = SyncOp;
+  struct SyncPlan;
+  void plan_leases(SyncPlan& p);   // top-ups, give-backs and debt of the visited buckets (not during an outage)
+  void plan_slots(SyncPlan& p);    // stream slot renewals
+  void plan_budgets(SyncPlan& p);  // pushes of settled spend, allowances, folds of retired scopes
+  void plan_probe(SyncPlan& p);    // during an outage: the op that failed, replayed
+  // The key an op's script works on (a budget's base key: the script names the period's).
+  const std::string& op_key(const SyncOp& op) const;
+  // Reads the replies for errors: the first that is an outage's (its reason returned, "" for none;
+  // `answered`: Redis replied with an error), logging keys of bad data, which are no outage.
+  std::string read_errors(const SyncPlan& p, const std::vector<store::Result<store::Reply>>& results, bool& answered);
+  // Applies a reply to its scope (`replied`: when it came; `grace`: how long a grant to waiting requests is
+  // kept; `frozen`: an outage goes on, the stream allowances stay the local share).
+  void apply_lease(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                   std::chrono::milliseconds grace);
+  void apply_slots(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                   std::chrono::milliseconds grace, bool frozen);
+  void apply_spend(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                   std::chrono::milliseconds grace);
   // Once per connection: asks Redis for its maxmemory-policy (INFO memory,
   // else CONFIG GET), sets evicting_ and warns when it evicts.
   store::Task<void> check_eviction();

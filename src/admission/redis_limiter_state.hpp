@@ -179,6 +179,23 @@ struct RedisLimiter::ScopeState {
   std::uint64_t sent = 0;
 };
 
+// One command of a sync's pipeline and what its reply applies to.
+struct RedisLimiter::SyncOp {
+  enum class Kind : std::uint8_t { lease, slots, spend, probe } kind;
+  std::uint32_t i;                   // lease: scope * 2 + bucket; slots, spend: the scope
+  std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, floor, demand; spend: mine, in use, folds
+  bool for_waiters = false;          // requests wait for this grant: keep it until they retried
+};
+
+// A sync's pipeline as sync_once builds it.
+struct RedisLimiter::SyncPlan {
+  Instant now;
+  bool deg = false;         // an outage goes on
+  bool final_sync = false;  // shutdown's: everything goes back
+  std::vector<store::Command> cmds;
+  std::vector<SyncOp> ops;  // one per command, in order
+};
+
 struct RedisLimiter::Loop {
   explicit Loop(boost::asio::io_context& ioc) : tick(ioc.get_executor()), done(ioc.get_executor()) {}
   core::Timer tick;  // the sync interval; cancelled to wake the loop early

@@ -29,6 +29,12 @@ using redis_detail::whole_up;
 // within a few ticks, one quiet tick does not drop it.
 constexpr double kDemandTau = 0.5;
 
+// A number as a script's argument.
+template <class T>
+std::string str(T v) {
+  return fmt::format("{}", v);
+}
+
 // Takes the units above `keep` out of `units` (workers may be taking at the
 // same time); returns what it took.
 std::int64_t take_above(std::atomic<std::int64_t>& units, std::int64_t keep) {
@@ -180,12 +186,8 @@ store::Task<void> RedisLimiter::check_eviction() {
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
-  struct Op {
-    enum class Kind : std::uint8_t { lease, slots, spend, probe } kind;
-    std::uint32_t i;
-    std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, in use; spend: cum
-    bool for_waiters = false;          // requests wait for this grant: keep it until they retried
-  };
+  // One round trip: the plan (leases, stream slots, budgets, the outage's probe), Redis's replies read for
+  // errors (an outage, a key of bad data), then each reply applied to its scope.
   // Waiting requests retry on their worker after the sync; what they were
   // granted must not go back (as excess) before then.
   const auto grace = std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
@@ -196,10 +198,64 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   auto slot_waiters = std::move(slot_waiters_);
   slot_waiters_.clear();
   plan_walk(final_sync || deg || now >= next_full_walk_, now);
-  std::vector<store::Command> cmds;
-  std::vector<Op> ops;
-  auto str = [](auto v) { return fmt::format("{}", v); };
 
+  SyncPlan p{now, deg, final_sync, {}, {}};
+  plan_leases(p);
+  plan_slots(p);
+  plan_budgets(p);
+  plan_probe(p);
+  const auto& ops = p.ops;
+  // The next partial walk's scopes: those this one sent a command (its answer changes them) or did not find quiet.
+  for (const Op& op : ops)
+    if (op.kind != Op::Kind::probe) at(op.kind == Op::Kind::lease ? op.i / 2 : op.i).sent = walk_no_;
+  busy_.clear();
+  for (const std::uint32_t i : visit_)
+    if (at(i).sent == walk_no_ || !quiet(i, now)) busy_.push_back(i);
+  if (p.cmds.empty()) {
+    for (auto& w : waiters) w();
+    settle_slot_waiters(std::move(slot_waiters), final_sync, grace);
+    co_return;
+  }
+
+  const Instant sent = MonoClock::now();
+  auto results = co_await client_->exec(std::move(p.cmds));
+  const Instant replied = MonoClock::now();
+
+  bool answered = false;  // Redis replied with an error (it is up, but cannot do our work)
+  const std::string outage = read_errors(p, results, answered);
+  if (outage.empty()) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    const double rtt = std::chrono::duration<double>(replied - sent).count();
+    loop_->rtt_s = rtt >= loop_->rtt_s ? rtt : loop_->rtt_s + (rtt - loop_->rtt_s) * 0.1;
+    if (deg) next_full_walk_ = Instant{};  // after an outage, every scope at once (re-seeds, renewals)
+    leave_degraded();
+  } else {
+    sync_failures_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    if (op.kind == Op::Kind::lease) apply_lease(op, results[k], replied, grace);
+    if (op.kind == Op::Kind::slots) apply_slots(op, results[k], replied, grace, deg && !outage.empty());
+    if (op.kind == Op::Kind::spend) apply_spend(op, results[k], replied, grace);
+  }
+  if (outage.empty()) {
+    synced_.store(true, std::memory_order_release);
+  } else if (!final_sync) {
+    enter_degraded(outage, answered);
+  }
+  for (auto& w : waiters) w();
+  settle_slot_waiters(std::move(slot_waiters), final_sync || !outage.empty(), grace);
+}
+
+// ---------------------------------------------------------------- sync_once's steps
+
+void RedisLimiter::plan_leases(SyncPlan& p) {
+  const Instant now = p.now;
+  const bool deg = p.deg;
+  const bool final_sync = p.final_sync;
+  auto& cmds = p.cmds;
+  auto& ops = p.ops;
   // Leases (frozen during an outage: takes go to the fallback then).
   // A top-up asked when a lease falls below half its target arrives within
   // `horizon` (the sync in flight, the next tick, its round trip): a lease
@@ -256,7 +312,14 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       ops.push_back(Op{Op::Kind::lease, i, ask, put, owe, waiting});
     }
   }
+}
 
+void RedisLimiter::plan_slots(SyncPlan& p) {
+  const Instant now = p.now;
+  const bool deg = p.deg;
+  const bool final_sync = p.final_sync;
+  auto& cmds = p.cmds;
+  auto& ops = p.ops;
   // Stream slots.
   const auto renew_every = config_.slot_ttl / 3;
   // A busy replica renews this often, so it learns within ~100 ms that
@@ -329,7 +392,14 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
     ops.push_back(Op{Op::Kind::slots, i, want, floor, demand, waiting});
   }
+}
 
+void RedisLimiter::plan_budgets(SyncPlan& p) {
+  const Instant now = p.now;
+  const bool deg = p.deg;
+  const bool final_sync = p.final_sync;
+  auto& cmds = p.cmds;
+  auto& ops = p.ops;
   // Budgets: push this replica's settled spend, renew its allowance for
   // reservations (top up below half the headroom, give back above twice it),
   // read the others' spend.
@@ -404,7 +474,13 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
     ops.push_back(Op{Op::Kind::spend, i, mine, inuse, folds, waiting});
   }
+}
 
+void RedisLimiter::plan_probe(SyncPlan& p) {
+  const bool deg = p.deg;
+  const bool final_sync = p.final_sync;
+  auto& cmds = p.cmds;
+  auto& ops = p.ops;
   if (deg && !final_sync) {
     // Probe: can Redis do our work again? Not a PING, which Redis answers
     // under OOM, READONLY, MISCONF or a NOPERM on EVALSHA alike: the lease
@@ -451,39 +527,29 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     }
     ops.push_back(Op{Op::Kind::probe, 0});
   }
-  // The next partial walk's scopes: those this one sent a command (its answer changes them) or did not find quiet.
-  for (const Op& op : ops)
-    if (op.kind != Op::Kind::probe) at(op.kind == Op::Kind::lease ? op.i / 2 : op.i).sent = walk_no_;
-  busy_.clear();
-  for (const std::uint32_t i : visit_)
-    if (at(i).sent == walk_no_ || !quiet(i, now)) busy_.push_back(i);
-  if (cmds.empty()) {
-    for (auto& w : waiters) w();
-    settle_slot_waiters(std::move(slot_waiters), final_sync, grace);
-    co_return;
+}
+
+const std::string& RedisLimiter::op_key(const SyncOp& op) const {
+  // (The budget's base key: the script names the period's.)
+  switch (op.kind) {
+    case Op::Kind::lease:
+      return at(op.i / 2).lease_ctl[op.i % 2].key;
+    case Op::Kind::slots:
+      return at(op.i).slots_ctl.key;
+    case Op::Kind::spend:
+      return at(op.i).spend_ctl.key;
+    case Op::Kind::probe:
+      break;
   }
+  return config_.key_prefix;
+}
 
-  const Instant sent = MonoClock::now();
-  auto results = co_await client_->exec(std::move(cmds));
-  const Instant replied = MonoClock::now();
-  const double replied_ns = ns(replied);
-
-  // The key an op's script worked on (the budget's base key: the script names the period's).
-  const auto op_key = [this](const Op& op) -> const std::string& {
-    switch (op.kind) {
-      case Op::Kind::lease:
-        return at(op.i / 2).lease_ctl[op.i % 2].key;
-      case Op::Kind::slots:
-        return at(op.i).slots_ctl.key;
-      case Op::Kind::spend:
-        return at(op.i).spend_ctl.key;
-      case Op::Kind::probe:
-        break;
-    }
-    return config_.key_prefix;
-  };
+std::string RedisLimiter::read_errors(const SyncPlan& p, const std::vector<store::Result<store::Reply>>& results,
+                                      bool& answered) {
+  const bool deg = p.deg;
+  const bool final_sync = p.final_sync;
+  const auto& ops = p.ops;
   std::string outage;
-  bool answered = false;  // Redis replied with an error (it is up, but cannot do our work)
   for (std::size_t k = 0; k < results.size(); ++k) {
     if (results[k]) {
       // A key that failed before and works again is reported again if it fails again.
@@ -533,131 +599,119 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       loop_->probe_i = op.i;
     }
   }
-  if (outage.empty()) {
-    syncs_.fetch_add(1, std::memory_order_relaxed);
-    const double rtt = std::chrono::duration<double>(replied - sent).count();
-    loop_->rtt_s = rtt >= loop_->rtt_s ? rtt : loop_->rtt_s + (rtt - loop_->rtt_s) * 0.1;
-    if (deg) next_full_walk_ = Instant{};  // after an outage, every scope at once (re-seeds, renewals)
-    leave_degraded();
-  } else {
-    sync_failures_.fetch_add(1, std::memory_order_relaxed);
-  }
+  return outage;
+}
 
-  for (std::size_t k = 0; k < ops.size(); ++k) {
-    const Op& op = ops[k];
-    const auto& r = results[k];
-    const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
-    switch (op.kind) {
-      case Op::Kind::lease: {
-        Lease& l = at(op.i / 2).lease[op.i % 2];
-        LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
-        c.taken += static_cast<double>(std::max<std::int64_t>(0, c.seen - l.units.load(std::memory_order_relaxed)));
-        if (ok && r->elements.size() >= 4) note_reset(r->elements[3].str);
-        if (ok && r->elements.size() >= 3) {
-          const std::int64_t grant = r->elements[0].as_int();
-          if (grant > 0) {
-            l.units.fetch_add(grant, std::memory_order_acq_rel);
-            units_granted_.fetch_add(static_cast<std::uint64_t>(grant), std::memory_order_relaxed);
-          }
-          if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
-          l.remote_avail.store(static_cast<double>(r->elements[1].as_int()), std::memory_order_relaxed);
-          l.remote_at_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(replied - epoch_).count(),
-                               std::memory_order_relaxed);
-          leases_n_.fetch_add(1, std::memory_order_relaxed);
-        } else {
-          // Debt stays local (counted twice if it did reach Redis); units given
-          // back stay lost unless they certainly never left: both on the safe side.
-          if (op.c > 0) l.units.fetch_sub(op.c, std::memory_order_acq_rel);
-          if (op.b > 0 && !r && r.error().not_sent()) l.units.fetch_add(op.b, std::memory_order_acq_rel);
-        }
-        c.seen = l.units.load(std::memory_order_relaxed);
-        break;
-      }
-      case Op::Kind::slots: {
-        // (During an outage that goes on the allowance is the local share.)
-        if (ok && r->elements.size() >= 5) note_reset(r->elements[4].str);
-        if (!ok || (deg && !outage.empty())) break;
-        Slots& s = at(op.i).slots;
-        SlotsCtl& c = at(op.i).slots_ctl;
-        const std::int64_t grant = r->elements[0].as_int();
-        const std::int64_t before = s.allowance.load(std::memory_order_relaxed);
-        s.allowance.store(grant, std::memory_order_release);
-        s.free.fetch_add(grant - before, std::memory_order_acq_rel);
-        s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
-        s.others_used.store(r->elements.size() >= 4 ? r->elements[3].as_int() : r->elements[1].as_int(),
-                            std::memory_order_relaxed);
-        s.reply_ns.store(replied_ns, std::memory_order_release);
-        c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
-        c.told_want = op.a;
-        c.told_demand = op.c;
-        c.recorded = std::max(grant, op.b);
-        c.last_renew = replied;
-        if (op.for_waiters && grant > before) c.keep_until = replied + grace;
-        c.seen_free = s.free.load(std::memory_order_relaxed);
-        break;
-      }
-      case Op::Kind::spend: {
-        if (ok && r->elements.size() >= 7) note_reset(r->elements[6].str);
-        if (!ok || r->elements.size() < 6) break;
-        Spend& sp = at(op.i).spend;
-        SpendCtl& c = at(op.i).spend_ctl;
-        const std::int64_t grant = r->elements[0].as_int();
-        const std::int64_t total = r->elements[1].as_int();
-        const std::int64_t mine_remote = r->elements[2].as_int();
-        const std::int64_t idx = r->elements[3].as_int();
-        const std::int64_t left = r->elements[4].as_int(-1);
-        const std::int64_t others_alloc = r->elements[5].as_int();
-        // op.a = `mine` when sent: that much is now in Redis's total (or, when
-        // the period rolled, in the old period's), so it no longer takes
-        // room in this replica's allowance. free += grant - old allowance +
-        // spend just pushed (workers keep reserving meanwhile: one add).
-        const std::int64_t just_pushed = c.idx >= 0 ? op.a - c.pushed : 0;
-        // The members it named are merged into this one's (later folds wait for the next push).
-        c.folds.erase(c.folds.begin(),
-                      c.folds.begin() + std::min<std::int64_t>(op.c, static_cast<std::int64_t>(c.folds.size())));
-        sp.free.fetch_add(grant - c.allowance + just_pushed, std::memory_order_acq_rel);
-        c.allowance = grant;
-        if (c.idx >= 0 && idx != c.idx) {
-          // The period rolled over: what was pushed belongs to the old one.
-          sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
-          c.pushed = 0;
-          c.carried.clear();  // (it was that period's)
-          c.skip = 0;
-        } else if (c.idx >= 0) {
-          c.pushed = op.a;
-        }
-        if (c.idx < 0 && !c.carried.empty()) {
-          // The period is known: what its hash counts already of the spend carried in.
-          const std::string hash = period_hash(c, idx);
-          for (const auto& [set, n] : c.carried)
-            if (holds_hash(set, hash)) c.skip += n;
-        }
-        c.idx = idx;
-        // That part of `mine` is in `total` under another member, not in this one's `s:`.
-        sp.others.store(std::max<std::int64_t>(total - mine_remote - c.skip, 0), std::memory_order_release);
-        c.remaining = c.limit - total - others_alloc;
-        sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
-        if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
-        c.seen_free = sp.free.load(std::memory_order_relaxed);
-        // The key's PTTL is Redis's to say: a huge one is a period that never ends, not an overflow.
-        c.period_end = left < 0 ? Instant::max() : core::saturating_add(replied, std::chrono::milliseconds(left));
-        const std::chrono::duration<double, std::nano> end(ns(c.period_end));
-        sp.period_end_ns.store(left < 0 ? -1 : core::saturating_cast<std::chrono::nanoseconds>(end).count(),
-                               std::memory_order_relaxed);
-        sp.period_idx.store(idx, std::memory_order_relaxed);
-        break;
-      }
-      case Op::Kind::probe:
-        break;
+void RedisLimiter::apply_lease(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                               std::chrono::milliseconds grace) {
+  const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
+
+  Lease& l = at(op.i / 2).lease[op.i % 2];
+  LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
+  c.taken += static_cast<double>(std::max<std::int64_t>(0, c.seen - l.units.load(std::memory_order_relaxed)));
+  if (ok && r->elements.size() >= 4) note_reset(r->elements[3].str);
+  if (ok && r->elements.size() >= 3) {
+    const std::int64_t grant = r->elements[0].as_int();
+    if (grant > 0) {
+      l.units.fetch_add(grant, std::memory_order_acq_rel);
+      units_granted_.fetch_add(static_cast<std::uint64_t>(grant), std::memory_order_relaxed);
     }
+    if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+    l.remote_avail.store(static_cast<double>(r->elements[1].as_int()), std::memory_order_relaxed);
+    l.remote_at_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(replied - epoch_).count(),
+                         std::memory_order_relaxed);
+    leases_n_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    // Debt stays local (counted twice if it did reach Redis); units given
+    // back stay lost unless they certainly never left: both on the safe side.
+    if (op.c > 0) l.units.fetch_sub(op.c, std::memory_order_acq_rel);
+    if (op.b > 0 && !r && r.error().not_sent()) l.units.fetch_add(op.b, std::memory_order_acq_rel);
   }
-  if (outage.empty()) {
-    synced_.store(true, std::memory_order_release);
-  } else if (!final_sync) {
-    enter_degraded(outage, answered);
+  c.seen = l.units.load(std::memory_order_relaxed);
+  return;
+}
+
+void RedisLimiter::apply_slots(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                               std::chrono::milliseconds grace, bool frozen) {
+  const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
+  const double replied_ns = ns(replied);
+
+  // (During an outage that goes on the allowance is the local share.)
+  if (ok && r->elements.size() >= 5) note_reset(r->elements[4].str);
+  if (!ok || frozen) return;
+  Slots& s = at(op.i).slots;
+  SlotsCtl& c = at(op.i).slots_ctl;
+  const std::int64_t grant = r->elements[0].as_int();
+  const std::int64_t before = s.allowance.load(std::memory_order_relaxed);
+  s.allowance.store(grant, std::memory_order_release);
+  s.free.fetch_add(grant - before, std::memory_order_acq_rel);
+  s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+  s.others_used.store(r->elements.size() >= 4 ? r->elements[3].as_int() : r->elements[1].as_int(),
+                      std::memory_order_relaxed);
+  s.reply_ns.store(replied_ns, std::memory_order_release);
+  c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
+  c.told_want = op.a;
+  c.told_demand = op.c;
+  c.recorded = std::max(grant, op.b);
+  c.last_renew = replied;
+  if (op.for_waiters && grant > before) c.keep_until = replied + grace;
+  c.seen_free = s.free.load(std::memory_order_relaxed);
+  return;
+}
+
+void RedisLimiter::apply_spend(const SyncOp& op, const store::Result<store::Reply>& r, Instant replied,
+                               std::chrono::milliseconds grace) {
+  const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
+
+  if (ok && r->elements.size() >= 7) note_reset(r->elements[6].str);
+  if (!ok || r->elements.size() < 6) return;
+  Spend& sp = at(op.i).spend;
+  SpendCtl& c = at(op.i).spend_ctl;
+  const std::int64_t grant = r->elements[0].as_int();
+  const std::int64_t total = r->elements[1].as_int();
+  const std::int64_t mine_remote = r->elements[2].as_int();
+  const std::int64_t idx = r->elements[3].as_int();
+  const std::int64_t left = r->elements[4].as_int(-1);
+  const std::int64_t others_alloc = r->elements[5].as_int();
+  // op.a = `mine` when sent: that much is now in Redis's total (or, when
+  // the period rolled, in the old period's), so it no longer takes
+  // room in this replica's allowance. free += grant - old allowance +
+  // spend just pushed (workers keep reserving meanwhile: one add).
+  const std::int64_t just_pushed = c.idx >= 0 ? op.a - c.pushed : 0;
+  // The members it named are merged into this one's (later folds wait for the next push).
+  c.folds.erase(c.folds.begin(),
+                c.folds.begin() + std::min<std::int64_t>(op.c, static_cast<std::int64_t>(c.folds.size())));
+  sp.free.fetch_add(grant - c.allowance + just_pushed, std::memory_order_acq_rel);
+  c.allowance = grant;
+  if (c.idx >= 0 && idx != c.idx) {
+    // The period rolled over: what was pushed belongs to the old one.
+    sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
+    c.pushed = 0;
+    c.carried.clear();  // (it was that period's)
+    c.skip = 0;
+  } else if (c.idx >= 0) {
+    c.pushed = op.a;
   }
-  for (auto& w : waiters) w();
-  settle_slot_waiters(std::move(slot_waiters), final_sync || !outage.empty(), grace);
+  if (c.idx < 0 && !c.carried.empty()) {
+    // The period is known: what its hash counts already of the spend carried in.
+    const std::string hash = period_hash(c, idx);
+    for (const auto& [set, n] : c.carried)
+      if (holds_hash(set, hash)) c.skip += n;
+  }
+  c.idx = idx;
+  // That part of `mine` is in `total` under another member, not in this one's `s:`.
+  sp.others.store(std::max<std::int64_t>(total - mine_remote - c.skip, 0), std::memory_order_release);
+  c.remaining = c.limit - total - others_alloc;
+  sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
+  if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+  c.seen_free = sp.free.load(std::memory_order_relaxed);
+  // The key's PTTL is Redis's to say: a huge one is a period that never ends, not an overflow.
+  c.period_end = left < 0 ? Instant::max() : core::saturating_add(replied, std::chrono::milliseconds(left));
+  const std::chrono::duration<double, std::nano> end(ns(c.period_end));
+  sp.period_end_ns.store(left < 0 ? -1 : core::saturating_cast<std::chrono::nanoseconds>(end).count(),
+                         std::memory_order_relaxed);
+  sp.period_idx.store(idx, std::memory_order_relaxed);
+  return;
 }
 
 void RedisLimiter::settle_slot_waiters(std::vector<SlotWaiter> waiters, bool all, std::chrono::milliseconds grace) {
