@@ -86,22 +86,57 @@ std::size_t first_invalid_utf8(std::string_view s) {
 
 }  // namespace
 
+namespace {
+
+// Unicode 15.1's General_Category=Cf (format characters: bidi embeddings, overrides, isolates and marks, zero
+// widths, the BOM, interlinear annotation, tags), as closed ranges of code points, ascending.
+constexpr std::pair<char32_t, char32_t> kFormatCharacters[] = {
+    {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},   {0x06DD, 0x06DD},   {0x070F, 0x070F},
+    {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x180E, 0x180E},   {0x200B, 0x200F},   {0x202A, 0x202E},
+    {0x2060, 0x2064},   {0x2066, 0x206F},   {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},   {0x110BD, 0x110BD},
+    {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0xE0001, 0xE0001},
+    {0xE0020, 0xE007F}};
+
+// The code point of the well-formed UTF-8 sequence of `n` bytes at `s[i]`.
+char32_t code_point_at(std::string_view s, std::size_t i, std::size_t n) {
+  const auto b = [&](std::size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k])); };
+  if (n == 1) return b(0);
+  char32_t cp = b(0) & (n == 2 ? 0x1F : n == 3 ? 0x0F : 0x07);
+  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (b(k) & 0x3F);
+  return cp;
+}
+
+}  // namespace
+
+bool invisible_in_names(char32_t cp) noexcept {
+  if (cp == 0x2028 || cp == 0x2029) return true;
+  for (const auto& [lo, hi] : kFormatCharacters) {
+    if (cp < lo) return false;
+    if (cp <= hi) return true;
+  }
+  return false;
+}
+
 std::string name_text_error(std::string_view s) {
   if (const auto at = first_invalid_utf8(s); at != std::string_view::npos)
     return fmt::format("{} is not valid UTF-8 (byte 0x{:02X} at offset {})", quoted_text(s),
                        static_cast<unsigned char>(s[at]), at);
-  for (std::size_t i = 0; i < s.size(); i += utf8_sequence_length(s, i)) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    unsigned cp = 0x100;  // not a control character
-    if (c < 0x20 || c == 0x7F)
-      cp = c;
-    else if (c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0)  // U+0080..U+009F
-      cp = static_cast<unsigned char>(s[i + 1]);
-    if (cp == 0x100) continue;
-    return fmt::format(
-        "{} holds the control character U+{:04X}{}: a name cannot hold one (names reach stderr, the metrics and "
-        "terminals as they are)",
-        quoted_text(s), cp, cp == 0x85 ? " (NEL, YAML's \\N escape)" : "");
+  for (std::size_t i = 0, n = 0; i < s.size(); i += n) {
+    n = utf8_sequence_length(s, i);
+    const char32_t cp = code_point_at(s, i, n);
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F))
+      return fmt::format(
+          "{} holds the control character U+{:04X}{}: a name cannot hold one (names reach stderr, the metrics and "
+          "terminals as they are)",
+          quoted_text(s), static_cast<unsigned>(cp), cp == 0x85 ? " (NEL, YAML's \\N escape)" : "");
+    if (invisible_in_names(cp))
+      return fmt::format(
+          "{} holds U+{:04X}, {}: a name cannot hold one (it reorders, hides or splits the text around it where "
+          "the name is shown: a name could be made to read as another)",
+          quoted_text(s), static_cast<unsigned>(cp),
+          cp == 0x2028   ? "a line separator"
+          : cp == 0x2029 ? "a paragraph separator"
+                         : "an invisible format character (Unicode category Cf: bidi controls, zero widths, BOM)");
   }
   return {};
 }

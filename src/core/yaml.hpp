@@ -65,11 +65,21 @@ ConfigResult<std::string> read_name(const YAML::Node& node, const std::string& k
 
 // Why `s` cannot be a name, or "" when it can: it must be valid UTF-8 and
 // hold no control character (C0 U+0000..U+001F, DEL U+007F, C1
-// U+0080..U+009F). Names reach the metrics' label values, stderr lines,
-// the access log and clients as they are; a NUL cut a reload's stderr line
-// short and an ESC reached the terminal. The message shows `s` as a JSON
-// string literal (core::append_json_string), so it is safe to print.
+// U+0080..U+009F) and nothing invisible_in_names() holds. Names reach the
+// metrics' label values, stderr lines, the access log, the console and
+// clients as they are; a NUL cut a reload's stderr line short, an ESC
+// reached the terminal, and a bidi override makes one name display as
+// another (Trojan Source, CVE-2021-42574). The message shows `s` as a JSON
+// string literal (core::append_json_string), so it is safe to print. Every
+// name the configuration or the admin API takes is checked with it.
 std::string name_text_error(std::string_view s);
+// Whether code point `cp` is one a name may not hold beyond the controls:
+// General_Category=Cf (Unicode 15.1: the bidi embeddings, overrides,
+// isolates and marks U+202A..U+202E, U+2066..U+2069, U+200E/F, U+061C; the
+// zero widths U+200B..U+200D, U+2060; the BOM U+FEFF; soft hyphen, tags,
+// ...) and the line and paragraph separators U+2028/U+2029 (line splitters
+// and JavaScript before ES2019 read them as newlines).
+bool invisible_in_names(char32_t cp) noexcept;
 
 // The configuration file's text: "" when it is valid UTF-8 (Unicode §3.9),
 // else what the first ill-formed byte is, with `line` and `column` (1-based,

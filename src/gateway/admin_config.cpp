@@ -21,8 +21,9 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
   const YAML::Node node = root["admin"];
   if (!node) return std::optional<AdminConfig>{};
   if (!node.IsMap()) return tl::unexpected(config_error(node, "admin", "expected a mapping (listen, token_env, ...)"));
-  if (auto ok = core::check_keys(node, "admin",
-                                 {"listen", "token_sha256", "token_env", "jwt_claim", "keys_file", "allowed_hosts"});
+  if (auto ok = core::check_keys(
+          node, "admin",
+          {"listen", "token_sha256", "token_env", "jwt_claim", "keys_file", "allowed_hosts", "max_connections"});
       !ok)
     return tl::unexpected(ok.error());
   AdminConfig a;
@@ -111,6 +112,10 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     auto rule = parse_allowed_hosts(hosts, "admin.allowed_hosts", "admin listener");
     if (!rule) return tl::unexpected(std::move(rule.error()));
     a.allowed_hosts = std::move(*rule);
+  }
+  if (node["max_connections"]) {
+    WEIR_TRY(n, core::read_int(node["max_connections"], "admin.max_connections", 1, 100000));
+    a.max_connections = static_cast<std::size_t>(n);
   }
   return std::optional<AdminConfig>(std::move(a));
 }

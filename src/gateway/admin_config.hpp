@@ -30,6 +30,9 @@ struct AdminConfig {
   // address the listener binds (effective_host_rule: IP literals and
   // localhost on loopback, any host elsewhere).
   std::optional<core::HostRule> allowed_hosts;
+  // admin.max_connections: connections the admin listener holds at once; one more is closed as it is
+  // accepted (each takes a descriptor the client port's connections and upstream sockets share).
+  std::size_t max_connections = 64;
 
   bool operator==(const AdminConfig&) const = default;
 };
@@ -37,7 +40,8 @@ struct AdminConfig {
 // Parses `root["admin"]`: nullopt when absent. Keys: listen (required),
 // token_sha256 (64 hex digits) | token_env (a variable holding the token,
 // hashed at load), jwt_claim (needs auth.jwt), keys_file, allowed_hosts
-// (host names without a port, IP literals, or "*" alone). At least one of a
+// (host names without a port, IP literals, or "*" alone), max_connections
+// (1 to 100000, default 64). At least one of a
 // token and jwt_claim. `listen` must differ from `client` (the client
 // listener). Errors name file, line and key.
 core::ConfigResult<std::optional<AdminConfig>> parse_admin_config(const YAML::Node& root,

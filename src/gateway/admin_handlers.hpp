@@ -49,7 +49,9 @@ inline AdminError read_only(std::string_view id) {
 // JSON, said as the client listener says it (api::invalid_body_message:
 // ill-formed UTF-8 and a lone surrogate escape by name, where Boost.JSON
 // says "syntax error"), nested at most api::kMaxBodyDepth levels as there,
-// with no number that underflows to 0 (underflowing_number).
+// with no number that underflows to 0 (underflowing_number) and no object
+// that repeats a member name, at any depth (repeated_member_path: parsers
+// differ on which copy counts; Boost.JSON keeps the last), `param` its path.
 inline AdminResult<json::object> parse_object(const std::string& body) {
   if (body.empty()) return tl::unexpected(admin_bad_request("The request body is empty; expected a JSON object."));
   boost::system::error_code ec;
@@ -62,6 +64,12 @@ inline AdminResult<json::object> parse_object(const std::string& body) {
         "The number {} is too small for a double: it would be read as 0. Write 0, or a number a double holds.",
         n->substr(0, 64))));
   if (!v.is_object()) return tl::unexpected(admin_bad_request("The request body must be a JSON object."));
+  if (auto path = repeated_member_path(body))
+    return tl::unexpected(admin_bad_request(
+        fmt::format("'{}' appears more than once in the request body: JSON parsers differ on which copy of a "
+                    "repeated member counts (the first, the last, or neither), so Weir does not guess. Send it once.",
+                    *path),
+        *path));
   return std::move(v.get_object());
 }
 

@@ -7,7 +7,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
 
 #include "api/json_write.hpp"
 
@@ -53,6 +58,59 @@ std::optional<std::string_view> underflowing_number(std::string_view json) {
     const std::string_view number = json.substr(start, i - start);
     const std::string text(number);  // strtod needs the terminator; the "C" locale's '.' (Weir sets none)
     if (std::strtod(text.c_str(), nullptr) == 0.0) return number;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> repeated_member_path(std::string_view json) {
+  // One frame per open object or array: an object's names so far (and whether a name comes next), an array's
+  // element count so far (its commas), and the path segment that leads to it.
+  struct Frame {
+    bool object = false;
+    bool name_next = false;
+    std::size_t index = 0;
+    std::string segment;  // ".name", "[i]", or "" for the body itself
+    std::unordered_set<std::string> names;
+  };
+  std::vector<Frame> open;
+  std::string last_name;  // the open object's latest member name: the segment of an object or array in it
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '"') {
+      const std::size_t start = i;
+      bool escaped = false;
+      for (++i; i < json.size() && json[i] != '"'; ++i)
+        if (json[i] == '\\') escaped = true, ++i;
+      if (open.empty() || !open.back().object || !open.back().name_next) continue;  // a value, not a name
+      open.back().name_next = false;
+      std::string name;
+      if (!escaped) {
+        name.assign(json.substr(start + 1, i - start - 1));
+      } else {
+        boost::system::error_code ec;
+        const json::value v = json::parse(json.substr(start, i - start + 1), ec);
+        if (ec || !v.is_string()) return std::nullopt;  // (not valid JSON: the parse that validates says so)
+        name.assign(v.get_string().data(), v.get_string().size());
+      }
+      last_name = name;
+      if (!open.back().names.insert(std::move(name)).second) {
+        std::string p;
+        for (const auto& f : open) p += f.segment;
+        p += "." + last_name;
+        return std::string(core::utf8_prefix(std::string_view(p).substr(1), 256));
+      }
+    } else if (c == '{' || c == '[') {
+      std::string segment;
+      if (!open.empty()) segment = open.back().object ? "." + last_name : fmt::format("[{}]", open.back().index);
+      open.push_back(Frame{c == '{', c == '{', 0, std::move(segment), {}});
+    } else if (c == '}' || c == ']') {
+      if (!open.empty()) open.pop_back();
+    } else if (c == ',' && !open.empty()) {
+      if (open.back().object)
+        open.back().name_next = true;
+      else
+        ++open.back().index;
+    }
   }
   return std::nullopt;
 }

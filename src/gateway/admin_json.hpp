@@ -43,6 +43,17 @@ std::string admin_json_text(const boost::json::value& v);
 // not numbers. Every admin API body is checked with it (admin_handlers.hpp).
 std::optional<std::string_view> underflowing_number(std::string_view json);
 
+// The first member of the JSON text `json` (valid JSON, as parsed) whose
+// name an earlier member of the same object has, at any depth: its path,
+// "tenant", "limits.requests_per_minute", "metadata.a[2].b" (names
+// unescaped, cut to 256 bytes), or nullopt when no object repeats a name.
+// Boost.JSON keeps the last copy without a word; the client listener
+// refuses a repeated member it reads (api::repeated_member_error), and
+// parsers differ on which copy counts, so every admin API body is checked
+// with it (admin_handlers.hpp parse_object). Allocates only for the names of
+// open objects; throws only std::bad_alloc.
+std::optional<std::string> repeated_member_path(std::string_view json);
+
 template <class T>
 using AdminResult = tl::expected<T, AdminError>;
 

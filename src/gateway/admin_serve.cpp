@@ -44,6 +44,10 @@ constexpr std::size_t kMaxBody = 1u << 20;
 constexpr std::size_t kMaxHeader = 16 * 1024;  // request head limit (431; a request line alone over it: 414)
 constexpr std::size_t kReadRoom = 64 * 1024;   // read-buffer room beyond a head: one read
 constexpr auto kIdleTimeout = std::chrono::seconds(30);
+// The idle wait of a connection none of whose requests yet presented the admin token (a new one, or one
+// that only fetched the console's files, /ready or /metrics, or was refused): it holds one of
+// admin.max_connections, so it has a few seconds to send a head, not kIdleTimeout.
+constexpr auto kUntrustedIdleTimeout = std::chrono::seconds(5);
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
 
 using Stream = beast::basic_stream<asio::ip::tcp, core::Executor>;
@@ -111,6 +115,12 @@ void AdminServer::log_request(std::string_view method, std::string_view path, st
 }
 
 core::Task<void> AdminServer::serve(http::Socket sock) {
+  // (Counted in by spawn_serve; out when this ends, however it ends.)
+  struct Counted {
+    std::shared_ptr<std::size_t> n;
+    ~Counted() { --*n; }
+  } const counted{connections_};
+  bool trusted = false;  // a request of this connection presented the admin token
   beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
   // The peer, for the log lines (read now: a client that resets the connection leaves none to read).
   core::IpText client_text{};
@@ -143,7 +153,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     if (buf.size() == 0) {
       // Idle (kIdleTimeout) until the head's first byte: a connection that
       // sends nothing in that time ends quietly.
-      read_deadline.expires_after(kIdleTimeout);
+      read_deadline.expires_after(trusted ? kIdleTimeout : kUntrustedIdleTimeout);
       auto [wec] = co_await stream.socket().async_wait(asio::ip::tcp::socket::wait_read, core::use_task);
       if (wec || read_deadline.expired()) co_return;
     }
@@ -201,6 +211,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       problem = http::check_request_head(parser.get().base());
       const auto& head = parser.get();
       req.if_none_match = std::string(head[bh::field::if_none_match]);
+      req.content_type = std::string(head[bh::field::content_type]);
+      req.has_body = parser.chunked() || parser.content_length().value_or(0) > 0;
       // (Read only from a head that passed: one Host at most, a valid absolute-form target.)
       if (problem == http::HeadProblem::none)
         req.authority = std::string(request_authority(head.target(), head[bh::field::host]));
@@ -358,6 +370,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     std::optional<AdminResponse> answer = std::move(refused);
     if (!head_checked) answer = co_await answer_on_head(req, authorization, authorization_fields, handler);
+    trusted = trusted || req.authorized;
     AdminResponse r;
     if (answer) {
       r = std::move(*answer);

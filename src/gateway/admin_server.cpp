@@ -98,6 +98,16 @@ AdminError no_request_log() {
       {}};
 }
 
+// application/json or application/*+json (RFC 6839), any case, parameters (charset) after ';' aside; an
+// empty or absent type is not one.
+bool json_media_type(std::string_view content_type) {
+  const std::string_view type = core::trim_ows(content_type.substr(0, content_type.find(';')));
+  constexpr std::string_view kApp = "application/";
+  if (type.size() <= kApp.size() || !core::iequals(type.substr(0, kApp.size()), kApp)) return false;
+  const std::string_view sub = type.substr(kApp.size());
+  return core::iequals(sub, "json") || (sub.size() > 5 && core::iequals(sub.substr(sub.size() - 5), "+json"));
+}
+
 AdminError unauthorized(std::string message) {
   return AdminError{401, "invalid_request_error", "invalid_api_key", std::move(message), {}};
 }
@@ -157,27 +167,31 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   // A route takes no query parameter unless it says so (`query`): one it would ignore is a 400, as
   // /admin/v1/requests' unknown ones are ("?tenant=acme" on /admin/v1/keys is no filter: a script that
   // revoked what it listed would revoke every tenant's keys). /metrics and /ready take any (a
-  // Prometheus job's params:, a prober's own).
+  // Prometheus job's params:, a prober's own). Nor does a route take a body unless it says so (`body`): a
+  // DELETE sent {"dry_run": true} is refused, not carried out (unread_body_error).
+  enum Takes : unsigned { nothing = 0, query = 1, body = 2 };
   auto route = [this](const char* method, const char* pattern,
-                      core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&), bool query = false) {
-    router_.add(method, pattern, [this, fn, query](AdminRequest& r) {
-      return query || !first_query_parameter(r.query) ? (this->*fn)(r) : query_refused(r);
+                      core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&), unsigned takes = nothing) {
+    router_.add(method, pattern, [this, fn, takes](AdminRequest& r) {
+      if (!(takes & query) && first_query_parameter(r.query)) return query_refused(r);
+      if (!(takes & body) && unread_body_error(r)) return body_refused(r);
+      return (this->*fn)(r);
     });
   };
   route("GET", "/admin/v1/keys", &AdminServer::list_keys);
-  route("POST", "/admin/v1/keys", &AdminServer::create_key);
+  route("POST", "/admin/v1/keys", &AdminServer::create_key, body);
   route("GET", "/admin/v1/keys/{id}", &AdminServer::get_key);
-  route("PATCH", "/admin/v1/keys/{id}", &AdminServer::update_key);
+  route("PATCH", "/admin/v1/keys/{id}", &AdminServer::update_key, body);
   route("DELETE", "/admin/v1/keys/{id}", &AdminServer::delete_key);
   route("POST", "/admin/v1/keys/{id}/rotate", &AdminServer::rotate_key);
   route("GET", "/admin/v1/tenants", &AdminServer::list_tenants);
   route("GET", "/admin/v1/tenants/{name}", &AdminServer::get_tenant);
-  route("GET", "/admin/v1/requests", &AdminServer::list_requests, true);
+  route("GET", "/admin/v1/requests", &AdminServer::list_requests, query);
   route("GET", "/admin/v1/requests/{id}", &AdminServer::get_request);
   route("GET", "/admin/v1/stats", &AdminServer::stats);
   route("GET", "/admin/v1/pools", &AdminServer::pools);
-  route("GET", "/metrics", &AdminServer::metrics, true);
-  route("GET", "/ready", &AdminServer::ready, true);
+  route("GET", "/metrics", &AdminServer::metrics, query);
+  route("GET", "/ready", &AdminServer::ready, query);
   if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config());
 }
 
@@ -308,6 +322,14 @@ core::Task<void> AdminServer::accept_loop() {
 }
 
 void AdminServer::spawn_serve(http::Socket sock) {
+  // Over admin.max_connections: closed at once (the client sees the connection end, and retries), so idle
+  // connections nobody authenticated cannot take the descriptors the client port needs.
+  if (*connections_ >= cfg_.max_connections) {
+    boost::system::error_code ignored;
+    sock.close(ignored);
+    return;
+  }
+  ++*connections_;
   asio::co_spawn(control_.get_executor(), serve(std::move(sock)), [](std::exception_ptr e) {
     if (!e) return;
     try {
@@ -426,6 +448,7 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
       if (ok.error().status == 503) r.headers.emplace_back("Retry-After", "1");  // (no signing keys yet)
       co_return r;
     }
+    req.authorized = true;
   }
   // The admin API's bodies are JSON as sent: a coded one is not read as if it were not (RFC 9110 §15.5.16).
   if (!req.content_encoding.empty() && !core::iequals(req.content_encoding, "identity")) {
@@ -451,6 +474,20 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
                                         "unknown_url",
                                         fmt::format("Unknown admin path: {}.", req.path.substr(0, 256)),
                                         {}});
+  }
+  // A body is JSON, said so (application/json, or application/*+json: RFC 6839), as the client port asks
+  // of one (415 there too): a form or text/plain one, which a page elsewhere could send as a "simple"
+  // cross-origin request (no preflight), is refused unread, and so is one that names no type.
+  if (req.has_body && !json_media_type(req.content_type)) {
+    co_return error_response(
+        AdminError{415,
+                   "invalid_request_error",
+                   "unsupported_media_type",
+                   fmt::format("The admin API's request bodies are JSON: send Content-Type: application/json ({}).",
+                               req.content_type.empty()
+                                   ? std::string("the request has none")
+                                   : fmt::format("not '{}'", core::utf8_prefix(core::trim_ows(req.content_type), 64))),
+                   {}});
   }
   handler = m.handler;
   co_return std::nullopt;
@@ -545,6 +582,21 @@ core::Task<AdminResponse> AdminServer::query_refused(AdminRequest& r) {
   co_return error_response(admin_bad_request(
       fmt::format("Unrecognized query parameter: '{}' ({} {} takes no query parameters)", name, r.method, r.path),
       std::string(name)));
+}
+
+std::optional<AdminError> AdminServer::unread_body_error(const AdminRequest& r) {
+  if (r.body.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
+  auto body = parse_object(r.body);
+  if (!body) return body.error();
+  if (body->empty()) return std::nullopt;
+  const std::string name{core::utf8_prefix(body->begin()->key(), 64)};
+  return admin_bad_request(fmt::format("unknown field '{}': {} {} takes no parameters (send no body or {{}})", name,
+                                       core::utf8_prefix(r.method, 16), core::utf8_prefix(r.path, 256)),
+                           name);
+}
+
+core::Task<AdminResponse> AdminServer::body_refused(AdminRequest& r) {
+  co_return error_response(*unread_body_error(r));
 }
 
 core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {

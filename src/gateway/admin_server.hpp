@@ -45,6 +45,9 @@ struct AdminRequest {
   std::string body;              // at most 1 MiB
   std::string if_none_match;     // the If-None-Match field (the console's files), empty when none
   std::string content_encoding;  // the Content-Encoding field(s), empty when none
+  std::string content_type;      // the (first) Content-Type field, empty when none
+  bool has_body = false;         // the head declares a body: chunked, or a Content-Length above 0
+  bool authorized = false;       // answer_on_head() found the admin token valid (set there)
   // The authority the request names (gateway::request_authority: an absolute-form target's, else Host's
   // value), empty when none; checked against admin.allowed_hosts first.
   std::string authority;
@@ -249,6 +252,11 @@ class AdminServer {
 
   // A route that takes no query parameter was given one: 400 invalid_request_error naming it (param).
   core::Task<AdminResponse> query_refused(AdminRequest& r);
+  // A route that reads no body (every one but POST /admin/v1/keys and PATCH /admin/v1/keys/{id}) was sent
+  // one other than nothing, whitespace or {}: 400 invalid_request_error, as parse_object says it (not JSON,
+  // a repeated member) or naming its first member (param), before anything changes.
+  static std::optional<AdminError> unread_body_error(const AdminRequest& r);
+  core::Task<AdminResponse> body_refused(AdminRequest& r);
   core::Task<AdminResponse> list_keys(AdminRequest& r);
   core::Task<AdminResponse> create_key(AdminRequest& r);
   core::Task<AdminResponse> get_key(AdminRequest& r);
@@ -306,6 +314,9 @@ class AdminServer {
   boost::asio::thread_pool blocking_{1};
   std::uint32_t initial_scopes_ = 0;  // scopes a limiter that does not grow holds
   bool stopped_ = false;
+  // Connections being served (spawn_serve counts one in, serve() out; shared with their frames, which may
+  // outlive this at exit): at cfg_.max_connections, one more is closed as it is accepted.
+  std::shared_ptr<std::size_t> connections_ = std::make_shared<std::size_t>(0);
   bool handed_over_ = false;  // drain() closed the listener: another instance serves the admin API
   bool watching_ = false;     // watch_keys_file() runs
   core::Timer keys_watch_;

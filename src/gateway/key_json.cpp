@@ -37,8 +37,14 @@ constexpr std::size_t kMaxModels = 1024;
 // A ConfigError from the YAML parsers as a 400 naming the JSON field.
 AdminError from_config_error(const core::ConfigError& e) { return admin_bad_request(e.message, e.key); }
 
+// A budget period in seconds, as docs/admin-api.md answers them: "86400s", "1.5s", "0.001s" (whole
+// milliseconds, exact: the fraction's trailing zeros dropped), which read_duration reads back as it was.
 std::string format_period(std::chrono::milliseconds p) {
-  return p.count() % 1000 == 0 ? fmt::format("{}s", p.count() / 1000) : fmt::format("{}ms", p.count());
+  const auto ms = p.count();
+  if (ms % 1000 == 0) return fmt::format("{}s", ms / 1000);
+  std::string fraction = fmt::format("{:03}", ms % 1000);
+  while (fraction.back() == '0') fraction.pop_back();
+  return fmt::format("{}.{}s", ms / 1000, fraction);
 }
 
 }  // namespace

@@ -36,7 +36,7 @@ struct KeyRecord {
 };
 
 // `limits` and `budget` as the admin API writes them (the configuration's
-// key names; a budget's period as "<n>s" or "<n>ms", or "day", "week",
+// key names; a budget's period in seconds ("86400s", "1.5s"), or "day", "week",
 // "month" for a calendar period; no budget = null).
 boost::json::object limits_json(const auth::Limits& l);
 boost::json::value budget_json(const auth::Budget& b);

@@ -46,6 +46,8 @@ class Admin:
         headers = kw.pop("headers", {})
         if token is not None:
             headers["authorization"] = f"Bearer {token}"
+        if "content" in kw:  # (a body is JSON, said so: 415 otherwise)
+            headers.setdefault("content-type", "application/json")
         return httpx.request(method, self.base + path, headers=headers, timeout=10, **kw)
 
     def create(self, **body) -> dict:

@@ -69,12 +69,12 @@ def start_weir(processes, path, port):
 def test_yaml_no_break_space_escape_is_the_character(processes, tmp_path):
     port = free_port()
     path = tmp_path / "w.yaml"
-    path.write_bytes(BASE % port + b'models:\n  "a\\_b": {pool: p, owned_by: "x\\_y\\Lz"}\n')
+    path.write_bytes(BASE % port + b'models:\n  "a\\_b": {pool: p, owned_by: "x\\_y"}\n')
     start_weir(processes, path, port)
     r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
     assert r.status_code == 200
     (model,) = r.json()["data"]
-    assert model["id"] == "a\u00a0b" and model["owned_by"] == "x\u00a0y\u2028z", model
+    assert model["id"] == "a\u00a0b" and model["owned_by"] == "x\u00a0y", model  # (\L, U+2028, is no name's since stop 62)
 
 
 # A runtime key's name is a name too: a control character in it is refused with the admin API's 400.

@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/yaml.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -669,16 +670,47 @@ TEST(ConfigNames, IllFormedUtf8AndControlCharactersAreRefused) {
                   .starts_with("weir.yaml:2:3: pools: \"p\\u001b\" holds"));
 }
 
+// Stop 62: a name holds no Unicode format character (General_Category=Cf: bidi overrides and isolates, zero
+// widths, the BOM, tags) nor U+2028/U+2029: a model, tenant or pool name could be made to display as another
+// (Trojan Source, CVE-2021-42574), and line splitters cut at the separators. One check for the configuration's
+// names and the admin API's (core::name_text_error).
+TEST(ConfigNames, FormatCharactersAndLineSeparatorsAreRefused) {
+  for (const char* c : {"\u00ad", "\u061c", "\u200b", "\u200d", "\u200e", "\u202a", "\u202e", "\u2060", "\u2066",
+                        "\u2069", "\ufeff", "\ufff9", "\U000E0041", "\u2028", "\u2029"}) {
+    for (const std::string& yaml : {std::string("models:\n  \"gpt") + c + "4o\": {pool: p}\n",
+                                    std::string("models:\n  m: {pool: p}\ntenants:\n  \"acme") + c + "\": {}\n",
+                                    std::string("models:\n  m: {pool: p, aliases: [\"a") + c + "\"]}\n"}) {
+      const std::string e = error_of("pools:\n  p:\n    endpoints: [http://x:1]\n" + yaml);
+      EXPECT_NE(e.find("a name cannot hold one"), std::string::npos) << c << ": " << e;
+    }
+  }
+  EXPECT_NE(weir::core::name_text_error("prod\u202Ekey").find("U+202E, an invisible format character"),
+            std::string::npos);
+  EXPECT_FALSE(weir::core::invisible_in_names(U'\u2027'));
+  EXPECT_FALSE(weir::core::invisible_in_names(U'\u2070'));
+  EXPECT_TRUE(weir::core::invisible_in_names(U'\U000E007F'));
+  EXPECT_FALSE(weir::core::invisible_in_names(U'\U000E0080'));
+  // Letters, marks and symbols of any script stay names (ZWJ emoji sequences aside: ZWJ is Cf).
+  for (const char* ok : {"caf\u00e9", "\u6a21\u578b", "\u0645\u0648\u062f\u064a\u0644", "a\u00a0b", "\U0001F600"})
+    EXPECT_EQ(weir::core::name_text_error(ok), "") << ok;
+}
+
 // yaml-cpp 0.7 decodes \N and \_ to the Latin-1 bytes 0x85 and 0xA0: re-encoded as UTF-8 at load.
 TEST(ConfigNames, YamlEscapesAreUtf8) {
   auto c = parse_config(
-      "pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"a\\_b\": {pool: p, owned_by: \"x\\_y\\Lz\\P\"}\n",
-      "weir.yaml");
+      "pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"a\\_b\": {pool: p, owned_by: \"x\\_y\"}\n", "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_EQ(c->models.at(0).name,
             "a\xc2\xa0"
             "b");
-  EXPECT_EQ(c->models.at(0).owned_by, "x\xc2\xa0y\xe2\x80\xa8z\xe2\x80\xa9");
+  EXPECT_EQ(c->models.at(0).owned_by, "x\xc2\xa0y");
+  // \L and \P are U+2028 and U+2029, which no name holds (stop 62): refused as what they are.
+  EXPECT_NE(error_of("pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  m: {pool: p, owned_by: \"y\\Lz\"}\n")
+                .find("U+2028, a line separator"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  m: {pool: p, owned_by: \"z\\P\"}\n")
+                .find("U+2029, a paragraph separator"),
+            std::string::npos);
   // The same key written both ways is one key.
   EXPECT_NE(error_of("pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"a\\_\": {pool: p}\n  \"a\\u00a0\": "
                      "{pool: p}\n")

@@ -26,6 +26,7 @@
 #include "gateway/admin_json.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/generation.hpp"
+#include "gateway/key_json.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/load_config.hpp"
 #include "gateway/worker.hpp"
@@ -60,6 +61,11 @@ TEST(AdminConfig, ParsesAndRefusesWhatCannotWork) {
   EXPECT_EQ(ok->admin->token_sha256, auth::sha256("a-long-enough-admin-token"));
   EXPECT_EQ(ok->admin->keys_file, "/tmp/k.json");
   EXPECT_FALSE(load("")->admin);  // no admin: = nothing listens
+  EXPECT_EQ(ok->admin->max_connections, 64u);
+  auto capped = load("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, max_connections: 3}\n");
+  ASSERT_TRUE(capped) << capped.error().to_string();
+  EXPECT_EQ(capped->admin->max_connections, 3u);
+  EXPECT_FALSE(load("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, max_connections: 0}\n"));
 
   auto err = [](std::string_view extra) {
     auto r = load(extra);
@@ -275,6 +281,41 @@ TEST(AdminJson, UnderflowingNumbersAreFound) {
   EXPECT_EQ(underflowing_number("[0." + std::string(400, '0') + "1]"), "0." + std::string(400, '0') + "1");
   EXPECT_EQ(underflowing_number(R"({"1e-400":"1e-400","s":"\"1e-400","n":1e-300,"m":5e-324})"), std::nullopt);
   EXPECT_EQ(underflowing_number(R"({"limits":{"requests_per_minute":60}})"), std::nullopt);
+}
+
+// Stop 62: a member given twice, at any depth of an admin body, is found (and refused: parse_object), its path
+// named; Boost.JSON kept the last copy ({"tenant":"other","tenant":"acme"} made an acme key).
+TEST(AdminJson, RepeatedMembersAreFoundAtAnyDepth) {
+  EXPECT_EQ(repeated_member_path(R"({"tenant":"other","tenant":"acme"})"), "tenant");
+  EXPECT_EQ(repeated_member_path(R"({"limits":{"requests_per_minute":5,"requests_per_minute":0}})"),
+            "limits.requests_per_minute");
+  EXPECT_EQ(repeated_member_path(R"({"models":["m"], "models":null})"), "models");
+  EXPECT_EQ(repeated_member_path(R"({"metadata":{"a":[1,{"x":1},{"b":1, "b":2}]}})"), "metadata.a[2].b");
+  // Escapes are names as decoded; a name in a string value, or the same name in sibling objects, is no repeat.
+  EXPECT_EQ(repeated_member_path(R"({"tenant":"a","tenant":"b"})"), "tenant");
+  EXPECT_EQ(repeated_member_path(R"({"a":{"x":1},"b":{"x":1},"c":[{"x":1},{"x":2}],"d":""a":1,"a":2"})"), std::nullopt);
+  EXPECT_EQ(repeated_member_path(R"({"a":{"a":{"a":1}}})"), std::nullopt);
+  EXPECT_EQ(repeated_member_path(R"({})"), std::nullopt);
+}
+
+// Stop 62: a budget period that is not whole seconds is answered in seconds as the documentation says
+// ("1.5s", not "1500ms"), exactly, and reads back as the same period.
+TEST(KeyJson, BudgetPeriodsAreAnsweredInSecondsExactly) {
+  for (const auto& [ms, text] :
+       std::initializer_list<std::pair<std::int64_t, std::string>>{{86'400'000, "86400s"},
+                                                                   {1500, "1.5s"},
+                                                                   {1001, "1.001s"},
+                                                                   {1010, "1.01s"},
+                                                                   {31'535'999'999, "31535999.999s"}}) {
+    auth::Budget b;
+    b.limit_nano_usd = 5'000'000'000;
+    b.period = std::chrono::milliseconds(ms);
+    const auto v = budget_json(b);
+    EXPECT_EQ(v.as_object().at("period").as_string(), text);
+    const auto back = parse_budget_json(v, "budget");
+    ASSERT_TRUE(back) << back.error().message;
+    EXPECT_EQ(back->period.count(), ms) << text;
+  }
 }
 
 TEST(KeyStore, AnExpiryWithAFractionIsNeverEarly) {
@@ -938,7 +979,7 @@ TEST(AdminServer, AKeyChangeAStalledWorkerHasNotInstalledIsA202NotASuccessThatCl
   const std::string body = R"({"tenant":"acme"})";
   const std::string request = fmt::format(
       "POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer the-admin-token\r\n"
-      "Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+      "Connection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
       body.size(), body);
   boost::asio::write(sock, boost::asio::buffer(request));
   std::string answer;
