@@ -75,8 +75,43 @@ async function send(method, path, body, bearer) {
     throw new ApiError(0, {error: {message: `The admin API cannot be reached (${e.message}).`}});
   }
   const type = res.headers.get("content-type") || "";
-  const data = type.startsWith("application/json") ? await res.json().catch(() => null) : await res.text();
+  const data = type.startsWith("application/json") ? await res.text().then(parseAnswer).catch(() => null) : await res.text();
   return {res, data};
+}
+
+// Whether this browser parses and writes numbers as their JSON text (JSON.parse's source text access and
+// JSON.rawJSON: Chromium 114, Firefox 135, Safari 18.4); without it, an integer beyond 2^53 (a key's metadata
+// holds int64s exactly) cannot be shown or sent exactly, and the console says so instead (keys.js).
+export const EXACT_NUMBERS = typeof JSON.rawJSON === "function" &&
+  JSON.parse("1", (k, v, ctx) => ctx !== undefined && ctx.source === "1");
+
+// An answer's JSON with every integer a double cannot hold (|n| > 2^53 - 1: metadata's ids) kept as its text
+// (a JSON.rawJSON value: JSON.stringify writes it back as it came, text() shows it as it is).
+function parseAnswer(s) {
+  if (!EXACT_NUMBERS) return JSON.parse(s);
+  return JSON.parse(s, (k, v, ctx) =>
+    typeof v === "number" && Number.isInteger(v) && !Number.isSafeInteger(v) ? JSON.rawJSON(ctx.source) : v);
+}
+
+// JSON text an operator typed (a key's metadata), parsed with every number kept as typed (a JSON.rawJSON
+// value), so that sending it sends the operator's digits: 9007199254740993 stays itself, not the double
+// ...992, and 1e400 is refused by the API rather than sent as null. Throws SyntaxError as JSON.parse does; a
+// text with an integer beyond 2^53 throws RangeError where the browser cannot keep it (EXACT_NUMBERS false).
+export function parseTyped(s) {
+  if (EXACT_NUMBERS) return JSON.parse(s, (k, v, ctx) => (typeof v === "number" ? JSON.rawJSON(ctx.source) : v));
+  return JSON.parse(s, (k, v) => {
+    if (typeof v === "number" && (!Number.isFinite(v) || (Number.isInteger(v) && !Number.isSafeInteger(v))))
+      throw new RangeError(`${v} cannot be sent exactly from this browser (integers up to 2^53 - 1 only); ` +
+        "use a newer browser, or the admin API directly");
+    return v;
+  });
+}
+
+// Whether `v` (a parsed answer) holds an integer this browser shows rounded (EXACT_NUMBERS false).
+export function holdsRoundedInteger(v) {
+  if (typeof v === "number") return Number.isInteger(v) && !Number.isSafeInteger(v);
+  if (v && typeof v === "object") return Object.values(v).some(holdsRoundedInteger);
+  return false;
 }
 
 // Signs in: checks `candidate` against the API before keeping it.

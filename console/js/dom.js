@@ -102,15 +102,23 @@ export function logTime(ts) {
   return typeof ts === "string" ? ts.replace("T", " ") : "–";
 }
 
-// A duration in seconds ("86400s", as the API answers) → "1d", "12h", "90s".
+// A budget period as the API answers it (seconds, "86400s" or "1.5s"; a calendar period's word, "day"; null:
+// never resets), or any duration string the configuration takes ("1500ms", "90m", "24h", "7d", "250us") or a
+// number of milliseconds → "1d", "12h", "90s", "1.5s", "250ms". Anything else is shown as it is.
+const UNIT_MS = {us: 0.001, "µs": 0.001, ms: 1, s: 1000, m: 60000, h: 3600000, d: 86400000};
 export function period(p) {
   if (p === null || p === undefined) return "never resets";
-  const s = typeof p === "string" ? parseFloat(p) : p / 1000;
-  if (!Number.isFinite(s)) return String(p);
-  if (s % 86400 === 0) return `${s / 86400}d`;
-  if (s % 3600 === 0) return `${s / 3600}h`;
-  if (s % 60 === 0) return `${s / 60}m`;
-  return `${s}s`;
+  let ms = typeof p === "number" ? p : NaN;
+  if (typeof p === "string") {
+    const m = /^\s*(\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*(us|µs|ms|s|m|h|d)?\s*$/.exec(p);
+    if (m) ms = Number(m[1]) * UNIT_MS[m[2] || "ms"];
+  }
+  if (!Number.isFinite(ms) || ms <= 0) return String(p);
+  ms = Math.round(ms * 1000) / 1000;  // (a float's 1.5 * 1000 noise)
+  for (const [unit, size] of [["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]])
+    if (ms % size === 0) return `${ms / size}${unit}`;
+  if (ms >= 1000) return `${ms / 1000}s`;
+  return `${ms}ms`;
 }
 
 // A value of any JSON type as one line of text.

@@ -3,7 +3,7 @@
 // The secret lives only in the dialog that shows it: never stored, never
 // put in a URL, gone when the dialog closes.
 
-import {api, get, seg, sessionGeneration, ApiError} from "../api.js";
+import {api, get, seg, sessionGeneration, ApiError, EXACT_NUMBERS, holdsRoundedInteger, parseTyped} from "../api.js";
 import {badge, h, mount, num, period, text, unixTime, usd} from "../dom.js";
 import {budget} from "./tenants.js";
 
@@ -121,9 +121,10 @@ function keyForm(tenants, submit, cancel) {
     if (expires.value) body.expires_at = new Date(expires.value).toISOString().replace(/\.\d+Z$/, "Z");
     if (metadata.value.trim()) {
       try {
-        body.metadata = JSON.parse(metadata.value);
+        // (Its numbers as typed: parseTyped.)
+        body.metadata = parseTyped(metadata.value);
       } catch (x) {
-        err.textContent = `Metadata is not JSON: ${x.message}`;
+        err.textContent = x instanceof RangeError ? `Metadata: ${x.message}` : `Metadata is not JSON: ${x.message}`;
         return;
       }
     }
@@ -219,6 +220,8 @@ function detail(root, id) {
       h("dl", {class: "facts"}, facts.map(([a, b]) => [h("dt", {}, a), h("dd", {}, text(b))])),
       h("h3", {}, "Metadata"),
       h("pre", {class: "json", id: "key-metadata-view"}, JSON.stringify(k.metadata, null, 2)),
+      !EXACT_NUMBERS && holdsRoundedInteger(k.metadata) ? h("p", {class: "error", id: "key-metadata-rounded"},
+        "This browser shows integers beyond 2^53 rounded; the key holds them exactly (read them with the admin API).") : null,
       h("p", {}, h("a", {href: `#/requests?key_id=${encodeURIComponent(k.id)}`}, "Requests with this key →"))));
   }).catch((e) => {
     if (alive) mount(body, h("p", {class: "error"}, e.status === 404 ? `No key ${id} (revoked or never created).` : e.message));
