@@ -171,8 +171,11 @@ bool charge_estimate(const RequestContext& ctx) {
   // Content of a 2xx answer reached the client (a resumed stream's
   // continuation may have answered 4xx/5xx since).
   const bool delivered = ctx.sse_answer && ctx.committed && ctx.t_first_token != core::TimePoint{};
-  const bool answered_2xx = ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
-                            (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 || deadline);
+  // A 2xx answer committed to the client (its head went out), or one the client's own deadline cut short. One
+  // Weir still read (a non-streamed body, a held stream's head) when the client left reached it in no byte:
+  // nothing, as when Weir answers it with a 5xx of its own (an SDK that timed out retries, and each attempt
+  // would pay the prompt again).
+  const bool answered_2xx = ctx.upstream_status >= 200 && ctx.upstream_status < 300 && (ctx.committed || deadline);
   if (!delivered && !answered_2xx) return false;
   if (ctx.empty_answer) return false;
   // A stream with no content event ([DONE] alone, or broken before its
@@ -287,7 +290,9 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // reached the client (no whole JSON object, a coding it cannot
       // decode, a body that broke or timed out): the client got nothing,
       // even when it left while that 5xx was being written (logged 499);
-      // nor a stream with no content event the client did not leave (one
+      // nor a 2xx answer whose client left before any of it was sent (a
+      // body Weir was still reading, logged 499); nor a stream with no
+      // content event the client did not leave (one
       // the upstream broke before its first token, or [DONE] alone: only
       // its head, and an in-band error, reached the client); nor an empty
       // 2xx answer (a 204, an empty 200: no completion in it). A stream
