@@ -295,6 +295,7 @@ struct RequestContext {
     bool wanted = false;              // it broke after content reached the client (respond_stream)
     bool active = false;              // the current attempt is a resume: its body is `body`, its chunks are rewritten
     bool answered = false;            // that resume relayed a chunk of its own (past its dropped role chunk)
+    bool role_due = false;            // the client has no role chunk yet (broken before it): the resume's goes out
     std::uint8_t count = 0;           // resumes made
     std::uint64_t tokens_before = 0;  // completion tokens the client had when the current resume started
     routing::EndpointSet broke;       // endpoints whose stream broke for this request
@@ -313,7 +314,7 @@ struct RequestContext {
     };
     std::unique_ptr<Buffers> buf;  // set whenever `on`
     void reset() {
-      on = wanted = active = answered = false;
+      on = wanted = active = answered = role_due = false;
       count = 0;
       tokens_before = 0;
       broke.clear();

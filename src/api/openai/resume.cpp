@@ -55,14 +55,18 @@ void ResumeTracker::reset(std::size_t reserve_bytes) {
   ids_.clear();
   id_end_ = created_end_ = 0;
   tokens_ = 0;
-  have_ids_ = blocked_ = finished_ = false;
+  have_ids_ = noted_ = blocked_ = finished_ = false;
 }
 
 ChunkNote ResumeTracker::on_chunk(std::string_view data) {
   const std::string_view keys[] = {"id", "created", "model", "choices", "usage", "error"};
   std::optional<MemberSpan> found[std::size(keys)];
-  if (!find_members(data, keys, found)) return ChunkNote::other;
+  if (!find_members(data, keys, found)) {
+    noted_ = true;  // (it goes to the client all the same)
+    return ChunkNote::other;
+  }
   if (found[5]) return ChunkNote::error;
+  noted_ = true;
   if (!have_ids_ && found[0]) {
     have_ids_ = true;
     ids_.append(value_of(data, *found[0]));

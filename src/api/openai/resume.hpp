@@ -34,8 +34,14 @@ class ResumeTracker {
   // beyond the text's growth.
   ChunkNote on_chunk(std::string_view data);
 
-  // The client has content from this stream and nothing rules a continuation out.
-  bool resumable() const { return !blocked_ && tokens_ > 0 && !finished_; }
+  // Nothing rules a continuation out: no tool call, reasoning or other choice,
+  // and no finish_reason yet. With content() it is a continuation; without, a
+  // plain resend of the request (nothing but a role chunk reached the client).
+  bool resumable() const { return !blocked_ && !finished_; }
+  // Content (assistant text, or completion tokens counted by usage) reached the client.
+  bool content() const { return tokens_ > 0 || !text_.empty(); }
+  // A chunk other than an in-band error was noted: the client has the stream's first (role) chunk.
+  bool noted() const { return noted_; }
   // A finish_reason went to the client: the generation was over when the stream broke.
   bool finished() const { return finished_; }
   bool blocked() const { return blocked_; }
@@ -57,6 +63,7 @@ class ResumeTracker {
   std::size_t created_end_ = 0;
   std::uint64_t tokens_ = 0;
   bool have_ids_ = false;
+  bool noted_ = false;
   bool blocked_ = false;
   bool finished_ = false;
 };

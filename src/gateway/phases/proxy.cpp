@@ -110,9 +110,13 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   const bool stream = ctx.upstream_status == 200 &&
                       http::is_event_stream(http::first_field(head, bh::field::content_type)) && !src.done() &&
                       !encoded && !object_only;
-  // With a fallback left, a stream's head waits for its first content
-  // event: until then it can still fail over.
-  ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;
+  // With a fallback left, or another attempt left on the pool (retry.attempts) for a stream sent alone that
+  // cannot resume (pools.X.resume sends it again after its head instead: begin_resume; a micro-batch member's
+  // generation is shared), a stream's head waits for its first content event: until then it can still go
+  // again (retry_held_on_pool, next_target), with nothing sent twice.
+  ctx.hold_head = stream && !ctx.committed &&
+                  (fallback_left(ctx) || (!ctx.resume.on && ctx.batch_size == 0 && !down_.client_gone() &&
+                                          ctx.pool_tries < ctx.gen->config().pools[ctx.target.pool].retry.attempts));
   // An upstream may stream to a client that did not ask for it: the answer
   // is a stream all the same, and a failure after its head ends it in-band
   // (error event, [DONE], the chunked body's end), as for a streamed request.

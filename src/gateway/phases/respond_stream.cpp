@@ -42,13 +42,17 @@ bool is_content_delta(const http::SseEvent& ev) {
 
 bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool holding, http::UpstreamFailure& failure) {
   auto& r = ctx.resume;
+  bool role = false;  // the resume's role chunk, which the client did not have
   if (r.active) {
     // A resume's chunk, as the client's one stream goes on: its id, no second role chunk, usage over both attempts.
     const auto& tr = r.buf->tracker;
     switch (api::openai::rewrite_chunk(ev.data, tr.id_json(), tr.created_json(), tr.model_json(), r.tokens_before,
                                        r.buf->chunk, ctx.scratch)) {
       case api::openai::Rewrite::drop:
-        return false;
+        if (!r.role_due) return false;
+        r.role_due = false;
+        role = true;
+        break;
       case api::openai::Rewrite::changed:
         r.buf->raw.clear();
         http::append_sse_data(r.buf->raw, r.buf->chunk);
@@ -59,12 +63,13 @@ bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool ho
         break;
     }
   }
-  if (r.buf->tracker.on_chunk(ev.data) == api::openai::ChunkNote::error && !holding &&
-      (r.buf->tracker.resumable() || r.buf->tracker.finished())) {
-    // vLLM's in-band error after content: the stream broke; it is not the client's to see if a resume mends it.
+  if (r.buf->tracker.on_chunk(ev.data) == api::openai::ChunkNote::error && !holding && !r.buf->tracker.blocked()) {
+    // vLLM's in-band error (before content or after it): the stream broke; it is not the client's to see if a
+    // resume mends it.
     failure = http::UpstreamFailure::protocol;
     return false;
   }
+  if (r.active && !role) r.answered = true;
   return true;
 }
 
@@ -259,7 +264,6 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
           drop_event(*ev);
           continue;
         }
-        if (ctx.resume.active) ctx.resume.answered = true;
       }
       if (ctx.resume.active && ev->is_done() && !ctx.resume.buf->tracker.finished()) {
         // A continuation that ends before any finish_reason (its role chunk, then [DONE]) did not finish the
@@ -331,8 +335,13 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // its translation's error to give: it fails over too, in end_stream.)
     const bool whole =
         r.end && (ctx.hooks.done_relayed() || !done_expected(ctx)) && !(ctx.hooks.translating() && s.holding);
-    if ((s.failure == http::UpstreamFailure::none || s.refused) && r.failure == http::UpstreamFailure::none &&
-        (!s.holding || whole)) {
+    // The upstream's own error event after the first content, in the same read, while the head is held only
+    // for the pool's retries (no fallback left): no retry takes it (an invalid answer), so the client gets
+    // what an unheld stream gives, the content and the error in-band, not a 502 that loses both.
+    const bool in_band = !s.holding && s.error_relayed && !s.refused && !fallback_left(ctx);
+    if (((s.failure == http::UpstreamFailure::none || s.refused) && r.failure == http::UpstreamFailure::none &&
+         (!s.holding || whole)) ||
+        in_band) {
       // The first content event (or the whole stream) is here: commit, with what was held before it.
       send_stream_head(ctx, src);
       events.insert(0, ctx.body);

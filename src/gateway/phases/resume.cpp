@@ -39,22 +39,29 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
     r.finish = RequestContext::Resume::Finish::done;
     return true;
   }
-  if (tr.tokens() == 0) return false;
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   if (r.count >= std::max<std::uint32_t>(1, pc.retry.attempts - 1)) return false;
-  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.buf->body)) {
-    case api::openai::Continuation::exhausted:
-      r.finish = RequestContext::Resume::Finish::length;
-      return true;
-    case api::openai::Continuation::unsupported:
-      return false;
-    case api::openai::Continuation::ok:
-      break;
+  if (!tr.content()) {
+    // Broken before any content (only the head, and the role chunk if it came, reached the client): the
+    // request goes again as it was sent, and its stream goes on from there (its role chunk dropped when the
+    // client has one already).
+    r.buf->body.assign(r.original);
+  } else {
+    switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.buf->body)) {
+      case api::openai::Continuation::exhausted:
+        r.finish = RequestContext::Resume::Finish::length;
+        return true;
+      case api::openai::Continuation::unsupported:
+        return false;
+      case api::openai::Continuation::ok:
+        break;
+    }
   }
   if (ctx.endpoint >= 0) r.broke.insert(static_cast<std::uint32_t>(ctx.endpoint));
   ++r.count;
   r.active = true;
   r.answered = false;
+  r.role_due = !tr.noted();
   r.tokens_before = tr.tokens();
   ++ctx.retries;
   return true;

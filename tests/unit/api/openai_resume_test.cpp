@@ -23,8 +23,12 @@ std::string chunk(std::string_view id, std::string_view delta, std::string_view 
 TEST(ResumeTracker, KeepsTheTextEscapedAndCountsContentChunks) {
   ResumeTracker t;
   t.reset(64);
+  EXPECT_FALSE(t.noted());
   EXPECT_EQ(t.on_chunk(chunk("chatcmpl-1", R"({"role":"assistant","content":""})")), ChunkNote::other);
-  EXPECT_FALSE(t.resumable());
+  // The role chunk alone: no content, nothing ruling a resend out (begin_resume sends the request again).
+  EXPECT_TRUE(t.noted());
+  EXPECT_FALSE(t.content());
+  EXPECT_TRUE(t.resumable());
   EXPECT_EQ(t.id_json(), R"("chatcmpl-1")");
   EXPECT_EQ(t.created_json(), "1700000000");
   EXPECT_EQ(t.model_json(), R"("m")");
@@ -32,6 +36,7 @@ TEST(ResumeTracker, KeepsTheTextEscapedAndCountsContentChunks) {
   t.on_chunk(chunk("chatcmpl-1", R"({"content":"\ud83d"})"));
   t.on_chunk(chunk("chatcmpl-1", R"({"content":"\ude00\n"})"));
   EXPECT_TRUE(t.resumable());
+  EXPECT_TRUE(t.content());
   EXPECT_EQ(t.tokens(), 3u);
   EXPECT_EQ(t.text_json(), R"( h\u00e9 \"q\"\ud83d\ude00\n)");
   // the first chunk's ids stay
@@ -66,6 +71,8 @@ TEST(ResumeTracker, FinishErrorsUsageAndGarbage) {
   EXPECT_FALSE(t.resumable());
   t.reset(0);
   EXPECT_EQ(t.on_chunk(R"({"error":{"message":"boom","code":500}})"), ChunkNote::error);
+  EXPECT_FALSE(t.noted());  // (an error event does not reach the client when a resume may mend it)
+  EXPECT_FALSE(t.content());
   // continuous usage stats: the count is the upstream's
   t.reset(0);
   t.on_chunk(R"({"id":"c","choices":[{"index":0,"delta":{"content":" a b"}}],"usage":{"prompt_tokens":5,)"
@@ -76,7 +83,8 @@ TEST(ResumeTracker, FinishErrorsUsageAndGarbage) {
   for (std::string_view bad : {"", "[", "{", "null", R"({"choices":)", R"({"choices":[{"delta":"x"}]})",
                                R"({"choices":[{"delta":{"content":5}}]})", "\xff\xfe"})
     EXPECT_EQ(t.on_chunk(bad), ChunkNote::other) << bad;
-  EXPECT_FALSE(t.resumable());
+  EXPECT_FALSE(t.content());
+  EXPECT_FALSE(t.blocked());
 }
 
 json::object parse(const std::string& s) { return json::parse(s).as_object(); }
