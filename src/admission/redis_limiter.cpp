@@ -180,6 +180,10 @@ void RedisLimiter::carry_allowance(std::uint32_t from, std::uint32_t to) {
   // limit minus the spend known (settled and reserved): a lowered limit
   // shrinks it.
   if (!degraded_.load(std::memory_order_relaxed)) return;
+  move_allowance(from, to);
+}
+
+void RedisLimiter::move_allowance(std::uint32_t from, std::uint32_t to) {
   if (from >= scope_count_ || to >= scope_count_ || from == to) return;
   SpendCtl& a = at(from).spend_ctl;
   SpendCtl& b = at(to).spend_ctl;

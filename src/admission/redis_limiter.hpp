@@ -262,8 +262,12 @@ class RedisLimiter final : public Limiter {
   // A set of hashes as SpendCtl::carried keeps it: `set` with `hash` added, and whether it holds `hash`.
   static std::string with_hash(const std::string& set, const std::string& hash);
   static bool holds_hash(const std::string& set, const std::string& hash);
-  // carry()'s part during an outage: the budget's unreserved allowance moves from `from` to `to`.
+  // carry()'s part during an outage: the budget's unreserved allowance moves from `from` to `to`
+  // (move_allowance()); with Redis up nothing moves (the new scope asks Redis, the old gives its back).
   void carry_allowance(std::uint32_t from, std::uint32_t to);
+  // What an outage's carry moves (carry_allowance's doc), whenever it is called: at the reload during an
+  // outage, or when an outage begins for a successor Redis never answered for (enter_degraded).
+  void move_allowance(std::uint32_t from, std::uint32_t to);
   void supersede_slots(std::uint32_t from, std::uint32_t to);
   ScopeState& at(std::uint32_t scope) const noexcept;
   // The sync's walk: every scope on a full walk (every full_walk_every(), during an outage, the final

@@ -80,6 +80,22 @@ void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
       c.allowance += extra;
       at(i).spend.free.fetch_add(extra, std::memory_order_acq_rel);
     }
+    // A reload made while Redis was already gone but before a sync said so (SIGSTOP, a cut link: the
+    // outage is found at the next sync's command_timeout) gave a budget a successor scope Redis never
+    // answered for, and the old one's allowance stayed where it was: carried now, as a reload during the
+    // outage carries it (carry_allowance), so the budget does not fail closed (503) for want of a reply.
+    for (std::uint32_t p = 0; p < scope_count_; ++p) {
+      std::uint32_t cur = p;
+      for (int steps = 0; steps < 64; ++steps) {
+        const std::uint32_t next = at(cur).successor;
+        if (next == ScopeState::kNoScope || next >= scope_count_) break;
+        if (at(cur).spend.period_idx.load(std::memory_order_acquire) < 0 ||
+            at(next).spend.period_idx.load(std::memory_order_acquire) >= 0)
+          break;
+        move_allowance(cur, next);
+        cur = next;
+      }
+    }
   }
   degraded_.store(true, std::memory_order_release);
   if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
