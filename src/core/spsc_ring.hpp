@@ -4,14 +4,24 @@
 // producer fills a slot in place and commits it; when the ring is full it
 // drops the record and counts it. Slots are reused, so their strings and
 // vectors keep their capacity: once every slot has held a record as large
-// as the current one, a push allocates nothing.
+// as the current one, a push allocates nothing. Every slot gets used (the
+// ring wraps), so what one keeps is resident for good: the consumer gives
+// back a string's capacity past a bound (release_above()) before pop(), or
+// capacity × the largest record a client could make would stay.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace weir::core {
+
+// Frees `s`'s storage when its capacity is past `keep_bytes` (its text is no longer needed: the consumer
+// has taken it), so a ring slot keeps at most that much of a string between records.
+inline void release_above(std::string& s, std::size_t keep_bytes) {
+  if (s.capacity() > keep_bytes) std::string().swap(s);
+}
 
 template <class T>
 class SpscRing {

@@ -18,6 +18,9 @@ namespace {
 using SteadyClock = std::chrono::steady_clock;
 
 constexpr auto kReportEvery = std::chrono::seconds(10);
+// What a queue slot keeps of a record's access-log line and of its other columns between records (bytes).
+constexpr std::size_t kKeptLineBytes = 1024;
+constexpr std::size_t kKeptColumnBytes = 128;
 constexpr auto kReopenEvery = std::chrono::seconds(1);
 
 }  // namespace
@@ -189,6 +192,12 @@ std::size_t Writer::write_batch() {
         b->clear();
         if (b->bytes.capacity() > 4096) std::string().swap(b->bytes);
       }
+      // Nor a long line's: a slot keeps what a usual line needs (~0.5 KiB), never what the largest one
+      // took (a 256-byte model name of control characters escapes to a 2 KiB line), so the queue's
+      // resident memory is at most queue × ~1.5 KiB per worker, whatever clients send.
+      core::release_above(r->json, kKeptLineBytes);
+      for (std::string* col : {&r->request_id, &r->tenant, &r->key_id, &r->model})
+        core::release_above(*col, kKeptColumnBytes);
       q.pop();
       ++taken;
       if (!ok) {

@@ -164,11 +164,12 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
     auto& q = *queues_[next_queue_];
     next_queue_ = (next_queue_ + 1) % queues_.size();
     while (taken < config_.batch) {
-      const TraceRecord* r = q.front();
+      TraceRecord* r = q.front();
       if (!r) break;
       append_spans(body_, *r, taken == 0);
       spans += r->span_count();
       ++taken;
+      release_long_strings(*r);
       q.pop();
     }
   }

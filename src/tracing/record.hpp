@@ -104,6 +104,18 @@ struct TraceRecord {
   ChildSpan* add_child() { return child_count < kMaxChildren ? &children[child_count++] : nullptr; }
 };
 
+// Frees each string of `r` whose capacity is past 256 bytes (a client's long path, user agent or
+// tracestate), once it was exported: a queue slot keeps a usual record's text, not the largest one's
+// (core::SpscRing).
+inline void release_long_strings(TraceRecord& r) {
+  constexpr std::size_t kKeep = 256;
+  for (std::string* s : {&r.tracestate, &r.method, &r.path, &r.request_id, &r.model, &r.tenant, &r.key_id,
+                         &r.user_agent, &r.error_code, &r.batch_id})
+    core::release_above(*s, kKeep);
+  for (ChildSpan& c : r.children)  // (all of them: a slot past child_count kept an older record's)
+    for (std::string* s : {&c.pool, &c.url, &c.host}) core::release_above(*s, kKeep);
+}
+
 using TraceQueue = core::SpscRing<TraceRecord>;
 
 }  // namespace weir::tracing

@@ -276,6 +276,48 @@ TEST(WriterTest, QueuedBodiesAreBoundedPerWorker) {
   EXPECT_TRUE(b.take(body));
 }
 
+TEST(WriterTest, ASlotKeepsAUsualRecordsTextNotTheLargestOnes) {
+  // Every slot of the ring gets used, and what it keeps stays resident: a stored record's long line and
+  // columns (a client's 256-byte model name of control characters escapes to a 2 KiB line) are given back,
+  // a usual one's capacity is kept (no allocation for the next record).
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db", 4, 16), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  for (int i = 0; i < 4; ++i) {
+    Record* r = w.queue(0).begin_push();
+    ASSERT_NE(r, nullptr);
+    r->ts_us = 1000 + i;
+    r->status = 404;
+    r->request_id = fmt::format("long{}", i);
+    r->model = std::string(300, 'm');
+    r->json = std::string(2048, 'x');
+    w.queue(0).commit();
+  }
+  EXPECT_EQ(w.write_batch(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    Record* r = w.queue(0).begin_push();
+    ASSERT_NE(r, nullptr);
+    EXPECT_LE(r->model.capacity(), 128u) << i;
+    EXPECT_LE(r->json.capacity(), 1024u) << i;
+    r->ts_us = 2000 + i;
+    r->request_id = fmt::format("short{}", i);
+    r->model = "m";
+    r->json = std::string(600, 'x');
+    w.queue(0).commit();
+    EXPECT_EQ(w.write_batch(), 1u);
+  }
+  for (int i = 0; i < 4; ++i) {  // a usual line's capacity stays
+    Record* r = w.queue(0).begin_push();
+    ASSERT_NE(r, nullptr);
+    EXPECT_GE(r->json.capacity(), 600u) << i;
+    r->ts_us = 3000 + i;
+    w.queue(0).commit();
+    EXPECT_EQ(w.write_batch(), 1u);
+  }
+  EXPECT_EQ(count_rows(dir.path / "r.db"), 12);
+}
+
 TEST(WriterTest, AVersion1StoreGetsTheBodiesColumn) {
   TempDir dir;
   const auto db = dir.path / "r.db";
