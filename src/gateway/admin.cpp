@@ -79,29 +79,44 @@ std::string rfc3339(std::int64_t unix_s) {
                      tm.tm_min, tm.tm_sec);
 }
 
-// A model in Anthropic's shape (Anthropic API reference, "Models"): {"type":"model","id","display_name",
-// "created_at"}; the display name is the id (Weir knows no other).
-void append_anthropic_model(std::string& out, std::string_view id, std::int64_t created) {
+// A model in Anthropic's shape (Anthropic API reference, "Models"; the SDKs' ModelInfo, whose `lifecycle` the
+// Java SDK requires): {"type":"model","id","display_name","created_at","lifecycle":"active",
+// "max_input_tokens","max_tokens":null,"capabilities":null,"line":null,"deprecated_at":null,"retires_at":null}.
+// The display name is the id (Weir knows no other); max_input_tokens is vLLM's max_model_len where Weir knows
+// it (models.NAME.max_model_len, or the pool's own list), else null; what Weir does not know is null, never
+// made up (max_tokens: vLLM bounds it by what the prompt leaves of the context, not by a number of its own).
+struct AnthropicModel {
+  std::string_view id;
+  std::int64_t created = 0;         // Unix seconds
+  std::uint64_t max_model_len = 0;  // tokens; 0 = unknown
+};
+
+void append_anthropic_model(std::string& out, const AnthropicModel& m) {
   out += R"({"type":"model","id":)";
-  core::append_json_string(out, id);
+  core::append_json_string(out, m.id);
   out += R"(,"display_name":)";
-  core::append_json_string(out, id);
+  core::append_json_string(out, m.id);
   out += R"(,"created_at":")";
-  out += rfc3339(created);
-  out += R"("})";
+  out += rfc3339(m.created);
+  out += R"(","lifecycle":"active","max_input_tokens":)";
+  if (m.max_model_len != 0)
+    fmt::format_to(std::back_inserter(out), "{}", m.max_model_len);
+  else
+    out += "null";
+  out += R"(,"max_tokens":null,"capabilities":null,"line":null,"deprecated_at":null,"retires_at":null})";
 }
 
 // One page of Anthropic's list, as `query` asks (anthropic_page()): {"data":[...],"has_more","first_id",
 // "last_id"} (null ids for an empty page). has_more says whether models remain in the page's direction
 // (after it, or before it for a before_id), as Anthropic's does: an SDK's auto-paging asks for the next page
 // with after_id = last_id (before_id = first_id) while it is true.
-tl::expected<void, core::Error> append_anthropic_list(
-    std::string& out, const std::vector<std::pair<std::string_view, std::int64_t>>& models, std::string_view query) {
+tl::expected<void, core::Error> append_anthropic_list(std::string& out, const std::vector<AnthropicModel>& models,
+                                                      std::string_view query) {
   auto page = anthropic_page(query);
   if (!page) return tl::unexpected(std::move(page.error()));
   const auto index_of = [&](std::string_view id) -> std::optional<std::size_t> {
     for (std::size_t i = 0; i < models.size(); ++i)
-      if (models[i].first == id) return i;
+      if (models[i].id == id) return i;
     return std::nullopt;
   };
   // [begin, end) of `models`; more: models remain past the page in its direction.
@@ -130,16 +145,16 @@ tl::expected<void, core::Error> append_anthropic_list(
   out += R"({"data":[)";
   for (std::size_t i = begin; i < end; ++i) {
     if (i > begin) out += ',';
-    append_anthropic_model(out, models[i].first, models[i].second);
+    append_anthropic_model(out, models[i]);
   }
   out += more ? R"(],"has_more":true,"first_id":)" : R"(],"has_more":false,"first_id":)";
   if (begin == end) {
     out += R"(null,"last_id":null})";
     return {};
   }
-  core::append_json_string(out, models[begin].first);
+  core::append_json_string(out, models[begin].id);
   out += R"(,"last_id":)";
-  core::append_json_string(out, models[end - 1].first);
+  core::append_json_string(out, models[end - 1].id);
   out += '}';
   return {};
 }
@@ -355,6 +370,10 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
     const auto* c = m.get_object().if_contains("created");
     return c && c->is_int64() ? c->get_int64() : c && c->is_uint64() ? static_cast<std::int64_t>(c->get_uint64()) : 0;
   };
+  const auto max_model_len_of = [](const boost::json::value& m) -> std::uint64_t {
+    const auto* v = m.get_object().if_contains("max_model_len");
+    return v && v->is_uint64() ? v->get_uint64() : v && v->is_int64() && v->get_int64() > 0 ? v->get_int64() : 0;
+  };
   const auto id_of = [](const boost::json::value& m) -> std::optional<std::string_view> {
     const auto* mid = m.is_object() ? m.get_object().if_contains("id") : nullptr;
     if (mid == nullptr || !mid->is_string()) return std::nullopt;
@@ -365,16 +384,16 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
       if (id_of(m) == std::string_view(*id) && visible(m)) {
         if (!anthropic) return written(m);
         std::string out;
-        append_anthropic_model(out, *id, created_of(m));
+        append_anthropic_model(out, {*id, created_of(m), max_model_len_of(m)});
         return out;
       }
     }
     return tl::unexpected(core::model_not_found(*id));
   }
   if (anthropic) {
-    std::vector<std::pair<std::string_view, std::int64_t>> shown;
+    std::vector<AnthropicModel> shown;
     for (const auto& m : list)
-      if (const auto id = id_of(m); id && visible(m)) shown.emplace_back(*id, created_of(m));
+      if (const auto id = id_of(m); id && visible(m)) shown.push_back({*id, created_of(m), max_model_len_of(m)});
     std::string out;
     if (auto ok = append_anthropic_list(out, shown, query); !ok) return tl::unexpected(std::move(ok.error()));
     return out;
@@ -400,7 +419,7 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
       if (!visible(m)) continue;
       if (m.name == id || std::find(m.aliases.begin(), m.aliases.end(), id) != m.aliases.end()) {
         if (anthropic)
-          append_anthropic_model(out, id, kStartTime);
+          append_anthropic_model(out, {id, kStartTime, m.max_model_len});
         else
           append_model(out, id, m);
         return out;
@@ -409,11 +428,11 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
     return tl::unexpected(core::model_not_found(id));
   }
   if (anthropic) {
-    std::vector<std::pair<std::string_view, std::int64_t>> shown;
+    std::vector<AnthropicModel> shown;
     for (const auto& m : cfg.models) {
       if (!visible(m)) continue;
-      shown.emplace_back(m.name, kStartTime);
-      for (const auto& a : m.aliases) shown.emplace_back(a, kStartTime);
+      shown.push_back({m.name, kStartTime, m.max_model_len});
+      for (const auto& a : m.aliases) shown.push_back({a, kStartTime, m.max_model_len});
     }
     if (auto ok = append_anthropic_list(out, shown, query); !ok) return tl::unexpected(std::move(ok.error()));
     return out;

@@ -229,7 +229,8 @@ def test_anthropic_sdk_models_list_and_retrieve(stack):
     assert page.has_more is False and page.first_id == "claude-test" and page.last_id == "claude-other"
     raw = httpx.get(w.base_url + "/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}).json()
     assert set(raw) == {"data", "has_more", "first_id", "last_id"}
-    assert set(raw["data"][0]) == {"type", "id", "display_name", "created_at"}
+    assert set(raw["data"][0]) == {"type", "id", "display_name", "created_at", "lifecycle", "max_input_tokens",
+                                   "max_tokens", "capabilities", "line", "deprecated_at", "retires_at"}
     assert re.match(RFC3339, raw["data"][0]["created_at"]), raw
     one = c.models.retrieve("claude-test")
     assert one.id == "claude-test" and one.type == "model" and one.display_name == "claude-test"

@@ -188,9 +188,18 @@ def test_models_list_the_configured_max_model_len(weir, mock):
     assert listed["big-alias"]["max_model_len"] == 131072
     assert "max_model_len" not in listed["plain"]  # (not configured: none made up)
     assert client.models.retrieve("big").model_extra["max_model_len"] == 131072
-    # Anthropic's shape has no such field.
+    # Anthropic's shape has no such field: it is max_input_tokens there, with the fields its SDKs' ModelInfo
+    # requires (the Java SDK's validate() refused a model without `lifecycle`); none where Weir does not know.
     a = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0, timeout=30)
     assert "max_model_len" not in a.models.retrieve("big").model_dump()
+    h = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
+    raw = {x["id"]: x for x in httpx.get(w.base_url + "/v1/models", headers=h, timeout=10).json()["data"]}
+    for mid, want in (("big", 131072), ("big-alias", 131072), ("plain", None)):
+        assert raw[mid]["lifecycle"] == "active" and raw[mid]["max_input_tokens"] == want, raw[mid]
+        assert all(raw[mid][f] is None for f in ("max_tokens", "capabilities", "line", "deprecated_at",
+                                                   "retires_at")), raw[mid]
+    one = httpx.get(w.base_url + "/v1/models/big", headers=h, timeout=10).json()
+    assert one["max_input_tokens"] == 131072 and one["lifecycle"] == "active", one
 
 
 def test_models_quick_mode_passes_the_pools_own_max_model_len(weir, mock):
@@ -199,3 +208,6 @@ def test_models_quick_mode_passes_the_pools_own_max_model_len(weir, mock):
     up = httpx.get(m.base_url + "/v1/models", timeout=10).json()["data"][0]
     mine = httpx.get(w.v1 + "/models", timeout=10).json()["data"][0]
     assert "max_model_len" in up and mine["max_model_len"] == up["max_model_len"]
+    h = {"anthropic-version": "2023-06-01"}
+    theirs = httpx.get(w.base_url + "/v1/models", headers=h, timeout=10).json()["data"][0]
+    assert theirs["max_input_tokens"] == up["max_model_len"] and theirs["lifecycle"] == "active", theirs
