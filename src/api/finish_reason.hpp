@@ -40,9 +40,11 @@ void keep_finish_reason(std::string& into, std::string_view value);
 
 // The first failed finish_reason (Finish::failed) in `json` (an OpenAI chat or completions answer, or one
 // chunk of its stream): the value of a member named "finish_reason" whose value is a string (escapes left as
-// they are: the raw text between its quotes), wherever it is; empty when there is none. Cost: one SIMD search
-// for the member's name (core::find_substring, ~1 instruction per byte), a few compares per member found.
-std::string_view failed_finish_in(std::string_view json);
+// they are: the raw text between its quotes), wherever it is; empty when there is none. `choices`: how many
+// finish_reason members the answer has (the request's n × prompts), 0 = unknown: the search, from the end,
+// stops after that many. Cost: a backward SIMD search for '_' (memrchr), a compare per underscore met, so for
+// an answer whose finish_reason follows its message (vLLM's, OpenAI's) it does not grow with the message.
+std::string_view failed_finish_in(std::string_view json, std::uint32_t choices = 0);
 
 // A chat or completions stream relayed to its client as it came (vLLM's finish_reason is vLLM's wire): watched
 // for a failed finish_reason, so that the access log and the endpoint's record say the generation failed
@@ -52,8 +54,8 @@ std::string_view failed_finish_in(std::string_view json);
 // event that ends with as many bytes, the first 23 of them (the name and the value) equal, is a content chunk of
 // the same shape, its finish_reason null where that one's was: three 8-byte compares, inline, the cost of an
 // event of the stream's shape. Any other event (the role chunk, the finish chunk, the usage chunk) is read
-// by failed_finish_in(). (A chunk of several choices, which neither vLLM nor OpenAI sends, is read by its last
-// choice's finish there.)
+// by a backward search as failed_finish_in()'s. (A chunk of several choices, which neither vLLM nor OpenAI sends, is
+// read by its last choice's finish there.)
 class FinishWatch {
  public:
   void reset() {

@@ -40,6 +40,11 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 namespace {
+// The choices a chat or completions answer has: the request's n for each prompt; 0 (unknown) past 2^32.
+std::uint32_t choices_expected(const api::RequestFields& f) {
+  const std::uint64_t c = std::uint64_t{f.n} * f.prompt_count;
+  return c <= UINT32_MAX ? static_cast<std::uint32_t>(c) : 0;
+}
 // A compressed upstream body's decoded bytes: any ratio up to kInflateFree,
 // past it at most kMaxInflation times the compressed size.
 constexpr std::uint64_t kInflateFree = 1 << 20;
@@ -413,7 +418,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // the endpoint's record say the upstream failed. (A translated route's answer fails below instead.)
   if ((ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions) && !anthropic_up &&
       status >= 200 && status < 300)
-    if (const std::string_view f = api::failed_finish_in(plain); !f.empty()) {
+    if (const std::string_view f = api::failed_finish_in(plain, choices_expected(ctx.fields)); !f.empty()) {
       count_upstream_failure(ctx, http::UpstreamFailure::protocol);
       ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
       ctx.set_error(upstream_unfinished(subject(ctx), f));

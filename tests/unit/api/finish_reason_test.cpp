@@ -39,6 +39,21 @@ TEST(ApiFinishReason, FailedFinishInAnAnswerOrChunk) {
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"\"finish_reason\":\"abort\""}}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"finish_reason"},"finish_reason":null}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"finish_reason":"ab)"), "");  // (an unclosed string says nothing)
+  // Read from the end: `choices` members at most (the request's n × prompts), whatever the message holds.
+  const std::string snake(5000, '_');
+  const std::string one = R"({"choices":[{"index":0,"message":{"content":")" + snake +
+                          R"("},"finish_reason":"abort","stop_reason":null}],"usage":{"prompt_tokens":1}})";
+  EXPECT_EQ(failed_finish_in(one, 1), "abort");
+  EXPECT_EQ(failed_finish_in(one, 0), "abort");
+  // A server that writes finish_reason first: found all the same (the search goes on through the message).
+  EXPECT_EQ(failed_finish_in(R"({"choices":[{"finish_reason":"error","message":{"content":"a_b_c"}}]})", 1), "error");
+  // Two choices, the first failed: found when both are looked for, the earliest kept.
+  const char* two = R"({"choices":[{"finish_reason":"abort"},{"finish_reason":"error"},{"finish_reason":"stop"}]})";
+  EXPECT_EQ(failed_finish_in(two, 0), "abort");
+  EXPECT_EQ(failed_finish_in(two, 3), "abort");
+  EXPECT_EQ(failed_finish_in(two, 2), "error");  // (the last two)
+  EXPECT_EQ(failed_finish_in(R"({"finish_reason" : "abort"})", 1), "abort");
+  EXPECT_EQ(failed_finish_in(R"(_finish_reason":"abort"})", 1), "");  // (no opening quote: no member)
 }
 
 TEST(ApiFinishReason, WatchFindsTheFailedFinishAfterContentChunksOfOneShape) {
