@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#include <boost/json/parse.hpp>
 
 #include "core/json_text.hpp"
 
@@ -62,10 +63,10 @@ std::string_view string_text(std::string_view json, std::size_t i) {
 
 Finish finish_of(std::string_view r) noexcept {
   if (r.empty()) return Finish::none;
-  if (r == "stop" || r == "tool_calls" || r == "function_call") return Finish::complete;
-  if (r == "length") return Finish::length;
+  if (r == "length" || r == "model_length") return Finish::length;
   if (r == "content_filter") return Finish::content_filter;
-  return Finish::failed;
+  if (r == "abort" || r == "error" || r == "repetition") return Finish::failed;
+  return Finish::complete;  // stop, tool_calls, function_call, eos_token, stop_sequence, and any other
 }
 
 void keep_finish_reason(std::string& into, std::string_view value) { into.assign(core::utf8_prefix(value, kMaxKept)); }
@@ -75,6 +76,21 @@ std::string unfinished_message(std::string_view finish_reason) {
                      core::utf8_prefix(finish_reason, kMaxKept));
 }
 
+// The Finish of a finish_reason's raw string text (between its quotes, escapes as they are): decoded first
+// when it has an escape ("st\u006fp" is "stop"), a rare path that parses it.
+Finish finish_of_raw(std::string_view raw) {
+  if (raw.find('\\') == std::string_view::npos) return finish_of(raw);
+  std::string quoted;
+  quoted.reserve(raw.size() + 2);
+  quoted += '"';
+  quoted += raw;
+  quoted += '"';
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(quoted, ec);
+  if (ec || !v.is_string()) return Finish::none;
+  return finish_of(std::string_view(v.get_string()));
+}
+
 std::string_view failed_finish_in(std::string_view json, std::uint32_t choices) {
   std::string_view failed;
   std::uint32_t seen = 0;
@@ -82,7 +98,7 @@ std::string_view failed_finish_in(std::string_view json, std::uint32_t choices) 
     if (json[v] == '"') {
       const std::string_view value = string_text(json, v);
       // (An unclosed string, or "": no finish said.) Read backward: the earliest failed one is kept.
-      if (finish_of(value) == Finish::failed) failed = value;
+      if (finish_of_raw(value) == Finish::failed) failed = value;
     }
     return choices == 0 || ++seen < choices;
   });
@@ -94,7 +110,7 @@ void FinishWatch::read(std::string_view data) {
   bool last = true;
   for_each_finish_backward(data, [&](std::size_t at, std::size_t v) {
     if (data[v] == '"') {
-      if (const std::string_view value = string_text(data, v); finish_of(value) == Finish::failed) {
+      if (const std::string_view value = string_text(data, v); finish_of_raw(value) == Finish::failed) {
         keep_finish_reason(failed_, value);
         return false;
       }
@@ -104,7 +120,7 @@ void FinishWatch::read(std::string_view data) {
     last = false;
     return true;
   });
-  if (!failed_.empty() || last_null == std::string_view::npos) return;
+  if (!failed_.empty() || last_null == std::string_view::npos || !one_choice_) return;
   const std::size_t len = data.size() - last_null;
   if (len < kTailBytes || len > 255) return;
   tail_len_ = static_cast<std::uint8_t>(len);

@@ -13,16 +13,18 @@
 namespace weir::api {
 
 enum class Finish : std::uint8_t {
-  none,            // no finish_reason: absent, null or "" (a stream's content chunk)
-  complete,        // "stop", "tool_calls", "function_call" (OpenAI's older name): the model ended its answer
-  length,          // "length": max_tokens or the context window cut the answer
+  none,  // no finish_reason: absent, null or "" (a stream's content chunk)
+  // "stop", "tool_calls", "function_call" (OpenAI's older name), and every value not named below: the model
+  // ended its answer. Other OpenAI-compatible servers have their own words for it (TGI's "eos_token" and
+  // "stop_sequence"), so a value Weir does not know is an ending, as before this reading existed.
+  complete,
+  length,          // "length" (Mistral's API: "model_length"): max_tokens or the context window cut the answer
   content_filter,  // "content_filter": a filter cut it (OpenAI, Azure)
-  // Any other value: the generation did not end as the model meant, so no translation may call it complete.
-  // vLLM's "abort" (its engine aborted the request: preempted without recompute, a KV transfer that
+  // vLLM's three values for a generation that did not end as the model meant, so no translation may call it
+  // complete: "abort" (its engine aborted the request: preempted without recompute, a KV transfer that
   // failed, an abort that reached it upstream of Weir), "error" (a request-level internal error, such as a
   // KV load failure: vLLM 0.11 and later answer it as a 500 themselves, an older or another server may send
-  // it), "repetition" (vLLM's repetition detection ended a degenerate answer), and every value not listed
-  // here, a future one included.
+  // it), "repetition" (vLLM's repetition detection ended a degenerate answer).
   failed,
 };
 
@@ -39,11 +41,11 @@ std::string unfinished_message(std::string_view finish_reason);
 void keep_finish_reason(std::string& into, std::string_view value);
 
 // The first failed finish_reason (Finish::failed) in `json` (an OpenAI chat or completions answer, or one
-// chunk of its stream): the value of a member named "finish_reason" whose value is a string (escapes left as
-// they are: the raw text between its quotes), wherever it is; empty when there is none. `choices`: how many
-// finish_reason members the answer has (the request's n × prompts), 0 = unknown: the search, from the end,
-// stops after that many. Cost: a backward SIMD search for '_' (memrchr), a compare per underscore met, so for
-// an answer whose finish_reason follows its message (vLLM's, OpenAI's) it does not grow with the message.
+// chunk of its stream): the value of a member named "finish_reason" whose value is a string (the raw text
+// between its quotes, read as JSON: "\u0061bort" is "abort"), wherever it is; empty when there is none. `choices`: how
+// many finish_reason members the answer has (the request's n × prompts), 0 = unknown: the search, from the end, stops
+// after that many. Cost: a backward SIMD search for '_' (memrchr), a compare per underscore met, so for an answer whose
+// finish_reason follows its message (vLLM's, OpenAI's) it does not grow with the message.
 std::string_view failed_finish_in(std::string_view json, std::uint32_t choices = 0);
 
 // A chat or completions stream relayed to its client as it came (vLLM's finish_reason is vLLM's wire): watched
@@ -58,8 +60,12 @@ std::string_view failed_finish_in(std::string_view json, std::uint32_t choices =
 // read by its last choice's finish there.)
 class FinishWatch {
  public:
-  void reset() {
+  // `one_choice`: the stream has one choice (n = 1, one prompt), so a chunk that ends as a content chunk
+  // does carries no other choice's finish: only then is the tail known (a chunk of several choices, the
+  // first's failed and the last's null, ends with the same bytes).
+  void reset(bool one_choice = true) {
     tail_len_ = 0;
+    one_choice_ = one_choice;
     failed_.clear();
   }
   // One event's data (not [DONE]).
@@ -83,6 +89,7 @@ class FinishWatch {
 
   std::array<std::uint64_t, 3> tail_{};  // the tail's bytes [0, 8), [7, 15), [15, 23)
   std::uint8_t tail_len_ = 0;            // 0: no tail known yet
+  bool one_choice_ = true;
   std::string failed_;
 };
 

@@ -64,7 +64,7 @@ class StreamHooks {
   }
   void reset(const Setup& s) {
     usage_.reset(s.strip_usage, s.choices_per_prompt, s.prompts);
-    finish_.reset();
+    finish_.reset(s.choices_per_prompt <= 1 && s.prompts <= 1);
     const Mode m = mode_of(s.client, s.upstream);
     // The translators are made on the connection's first translated stream
     // and kept for its next: a plain stream carries a null pointer, not

@@ -2,10 +2,10 @@
 
 vLLM ends a request with `finish_reason: "abort"` when its engine aborts it (preempted without recompute, a KV
 transfer that failed, an abort that reached it upstream of Weir), `"error"` for a request-level internal error,
-`"repetition"` when its repetition detection stops a degenerate answer (vllm/v1/engine FINISH_REASON_STRINGS);
-a later vLLM may add more. The translated APIs passed every one of them to their clients as a normal end: a
+`"repetition"` when its repetition detection stops a degenerate answer (vllm/v1/engine FINISH_REASON_STRINGS). The translated APIs passed every one of them to their clients as a normal end: a
 Responses answer `status: "completed"`, an Anthropic message `stop_reason: "end_turn"`. Now a failed finish
-(any value but stop, length, tool_calls, function_call, content_filter) is a failure in the client's dialect:
+(one of those three; any other value, such as TGI's `eos_token`, is an ending as before) is a failure in the
+client's dialect:
 a 502 for a whole answer, `response.failed` or Anthropic's `error` event for a stream. Chat and completions
 clients get vLLM's value as it came (vLLM's wire), and the access log and the upstream failure counter record
 the failure there too.
@@ -23,7 +23,7 @@ import pytest
 
 from scripted_upstream import ScriptedUpstream
 
-FAILED = ["abort", "error", "repetition", "paused_by_a_future_vllm"]
+FAILED = ["abort", "error", "repetition"]
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -211,3 +211,30 @@ def test_models_quick_mode_passes_the_pools_own_max_model_len(weir, mock):
     h = {"anthropic-version": "2023-06-01"}
     theirs = httpx.get(w.base_url + "/v1/models", headers=h, timeout=10).json()["data"][0]
     assert theirs["max_input_tokens"] == up["max_model_len"] and theirs["lifecycle"] == "active", theirs
+
+
+# --- Other servers' endings (regress62): only vLLM's three failure values fail ---------------------------------
+
+@pytest.mark.parametrize("finish,stop_reason,status", [("eos_token", "end_turn", "completed"),
+                                                       ("stop_sequence", "end_turn", "completed"),
+                                                       ("model_length", "max_tokens", "incomplete"),
+                                                       ("a_value_weir_does_not_know", "end_turn", "completed")])
+def test_other_servers_endings_are_endings(stack, finish, stop_reason, status):
+    # TGI's eos_token and stop_sequence, Mistral's model_length: an OpenAI-compatible pool's normal ends were
+    # turned into 502s and failed streams when every value Weir did not know was a failure.
+    _, w = stack
+    a = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0, timeout=30)
+    r = rid()
+    assert a.messages.create(model="m", max_tokens=16, messages=HELLO,
+                             extra_headers=script(finish, r)).stop_reason == stop_reason
+    assert w.log_for(r)["error"] is None
+    r = rid()
+    with a.messages.stream(model="m", max_tokens=16, messages=HELLO, extra_headers=script(finish, r)) as s:
+        assert s.get_final_message().stop_reason == stop_reason
+    o = openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0, timeout=30)
+    r = rid()
+    assert o.responses.create(model="m", input="hello", extra_headers=script(finish, r)).status == status
+    r = rid()
+    chunks = list(o.chat.completions.create(model="m", messages=HELLO, stream=True, extra_headers=script(finish, r)))
+    assert any(c.choices and c.choices[0].finish_reason == finish for c in chunks)
+    assert w.log_for(r)["error"] is None

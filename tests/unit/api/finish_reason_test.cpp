@@ -15,7 +15,7 @@
 namespace weir::api {
 namespace {
 
-constexpr std::string_view kFailed[] = {"abort", "error", "repetition", "cancelled_by_tomorrows_vllm"};
+constexpr std::string_view kFailed[] = {"abort", "error", "repetition"};
 
 TEST(ApiFinishReason, EveryValueIsMappedDeliberately) {
   EXPECT_EQ(finish_of(""), Finish::none);
@@ -25,7 +25,13 @@ TEST(ApiFinishReason, EveryValueIsMappedDeliberately) {
   EXPECT_EQ(finish_of("length"), Finish::length);
   EXPECT_EQ(finish_of("content_filter"), Finish::content_filter);
   for (const auto f : kFailed) EXPECT_EQ(finish_of(f), Finish::failed) << f;
-  EXPECT_EQ(finish_of("STOP"), Finish::failed);  // (values are case-sensitive: no server sends this one)
+  // Other servers' words for an ending (TGI's, Mistral's), and any value Weir does not know: an ending, as
+  // before (a failure only where vLLM says one).
+  EXPECT_EQ(finish_of("eos_token"), Finish::complete);
+  EXPECT_EQ(finish_of("stop_sequence"), Finish::complete);
+  EXPECT_EQ(finish_of("model_length"), Finish::length);
+  EXPECT_EQ(finish_of("cancelled_by_tomorrows_vllm"), Finish::complete);
+  EXPECT_EQ(finish_of("ABORT"), Finish::complete);  // (values are case-sensitive)
 }
 
 TEST(ApiFinishReason, FailedFinishInAnAnswerOrChunk) {
@@ -39,6 +45,9 @@ TEST(ApiFinishReason, FailedFinishInAnAnswerOrChunk) {
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"\"finish_reason\":\"abort\""}}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"finish_reason"},"finish_reason":null}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"finish_reason":"ab)"), "");  // (an unclosed string says nothing)
+  // Read as JSON: an escape is the character it stands for.
+  EXPECT_EQ(failed_finish_in(R"({"choices":[{"finish_reason":"st\u006fp"}]})"), "");
+  EXPECT_EQ(failed_finish_in(R"({"choices":[{"finish_reason":"\u0061bort"}]})"), R"(\u0061bort)");
   // Read from the end: `choices` members at most (the request's n × prompts), whatever the message holds.
   const std::string snake(5000, '_');
   const std::string one = R"({"choices":[{"index":0,"message":{"content":")" + snake +
@@ -73,14 +82,27 @@ TEST(ApiFinishReason, WatchFindsTheFailedFinishAfterContentChunksOfOneShape) {
   EXPECT_EQ(w.failed(), "");
 }
 
+TEST(ApiFinishReason, WatchOfSeveralChoicesReadsEveryChunk) {
+  // n = 2: a chunk of both choices, the first's finish failed and the last's null, ends as a content chunk
+  // of one choice does; the tail is not trusted then.
+  FinishWatch w;
+  w.reset(false);
+  const std::string content = R"({"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]})";
+  w.on_data(content);
+  w.on_data(content);
+  w.on_data(R"({"choices":[{"index":0,"delta":{},"finish_reason":"abort"},)"
+            R"({"index":1,"delta":{"content":"a"},"finish_reason":null}]})");
+  EXPECT_EQ(w.failed(), "abort");
+}
+
 TEST(ApiFinishReason, WatchReadsAFinishChunkWhoseTailDiffers) {
   // A finish chunk: its tail is not the content chunks', so it is read.
   FinishWatch w;
   w.reset();
   w.on_data(R"({"choices":[{"text":"a","finish_reason":null}]})");
   w.on_data(R"({"choices":[{"text":"b","finish_reason":null}]})");
-  w.on_data(R"({"choices":[{"text":"","finish_reason":"eror"}]})");  // (a value no mapping knows)
-  EXPECT_EQ(w.failed(), "eror");
+  w.on_data(R"({"choices":[{"text":"","finish_reason":"error"}]})");
+  EXPECT_EQ(w.failed(), "error");
   // Completions as vLLM streams them, stop_reason and usage after the finish; then a normal end.
   w.reset();
   const std::string c = R"({"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"x",)";
