@@ -116,12 +116,25 @@ void AdminServer::log_request(std::string_view method, std::string_view path, st
 
 core::Task<void> AdminServer::serve(http::Socket sock) {
   // (Counted in by spawn_serve; out when this ends, however it ends.)
+  // Listed among the untrusted (spawn_serve may close the oldest of them to make room) until a request
+  // presents the admin token.
   struct Counted {
-    std::shared_ptr<std::size_t> n;
-    ~Counted() { --*n; }
-  } const counted{connections_};
+    std::shared_ptr<ConnectionTable> table;
+    std::list<http::Socket*>::iterator entry{};
+    bool listed = false;
+    void trust() {
+      if (listed) table->untrusted.erase(entry);
+      listed = false;
+    }
+    ~Counted() {
+      trust();
+      --table->count;
+    }
+  } counted{connections_};
   bool trusted = false;  // a request of this connection presented the admin token
   beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
+  counted.entry = connections_->untrusted.insert(connections_->untrusted.end(), &stream.socket());
+  counted.listed = true;
   // The peer, for the log lines (read now: a client that resets the connection leaves none to read).
   core::IpText client_text{};
   const auto peer = http::socket_peer(stream.socket().native_handle());
@@ -371,6 +384,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     std::optional<AdminResponse> answer = std::move(refused);
     if (!head_checked) answer = co_await answer_on_head(req, authorization, authorization_fields, handler);
     trusted = trusted || req.authorized;
+    if (trusted) counted.trust();
     AdminResponse r;
     if (answer) {
       r = std::move(*answer);

@@ -322,14 +322,23 @@ core::Task<void> AdminServer::accept_loop() {
 }
 
 void AdminServer::spawn_serve(http::Socket sock) {
-  // Over admin.max_connections: closed at once (the client sees the connection end, and retries), so idle
-  // connections nobody authenticated cannot take the descriptors the client port needs.
-  if (*connections_ >= cfg_.max_connections) {
+  // At admin.max_connections (so connections nobody authenticated cannot take the descriptors the client
+  // port needs): the oldest connection that has not presented the admin token is closed to make room, so
+  // connections anyone can open (idle, or sending a head slowly) cannot keep the operator out; when every
+  // one has presented it, the new one is closed at once (the client sees the connection end, and retries).
+  if (connections_->count >= cfg_.max_connections) {
     boost::system::error_code ignored;
-    sock.close(ignored);
-    return;
+    auto& untrusted = connections_->untrusted;
+    const auto oldest = std::find_if(untrusted.begin(), untrusted.end(), [](auto* s) { return s != nullptr; });
+    if (oldest == untrusted.end()) {
+      sock.close(ignored);
+      return;
+    }
+    (*oldest)->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+    (*oldest)->close(ignored);  // (its pending read ends: its serve() returns, and counts itself out)
+    *oldest = nullptr;
   }
-  ++*connections_;
+  ++connections_->count;
   asio::co_spawn(control_.get_executor(), serve(std::move(sock)), [](std::exception_ptr e) {
     if (!e) return;
     try {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -315,8 +316,16 @@ class AdminServer {
   std::uint32_t initial_scopes_ = 0;  // scopes a limiter that does not grow holds
   bool stopped_ = false;
   // Connections being served (spawn_serve counts one in, serve() out; shared with their frames, which may
-  // outlive this at exit): at cfg_.max_connections, one more is closed as it is accepted.
-  std::shared_ptr<std::size_t> connections_ = std::make_shared<std::size_t>(0);
+  // outlive this at exit). At cfg_.max_connections the oldest that has not presented the admin token is
+  // closed to make room (so connections anyone can open cannot lock the operator out), or, when every one
+  // has, the new one.
+  struct ConnectionTable {
+    std::size_t count = 0;
+    // The sockets of connections no request of which presented the admin token, oldest first; nullptr: one
+    // closed to make room (its serve() removes its entry as it ends).
+    std::list<http::Socket*> untrusted;
+  };
+  std::shared_ptr<ConnectionTable> connections_ = std::make_shared<ConnectionTable>();
   bool handed_over_ = false;  // drain() closed the listener: another instance serves the admin API
   bool watching_ = false;     // watch_keys_file() runs
   core::Timer keys_watch_;

@@ -9,8 +9,9 @@
   request needs no preflight): 415 now, as on the client port;
 - a budget period that is not whole seconds was answered "1500ms" where the documentation says seconds: "1.5s";
 - idle connections to the admin listener, which need no token to hold, took every descriptor: with RLIMIT_NOFILE
-  at 200, 300 of them starved the client port; the listener now holds admin.max_connections (64) at once, and a
-  connection that has presented no token gets 5 s to send a head, not 30;
+  at 200, 300 of them starved the client port; the listener now holds admin.max_connections (64) at once (past
+  it the oldest connection that presented no token is closed to make room), and a connection that has presented
+  no token gets 5 s to send a head, not 30;
 - names took Unicode format characters (bidi overrides, zero widths, the BOM) and U+2028/U+2029, so one name
   could display as another (Trojan Source): refused in key names and models, as in the configuration's names."""
 
@@ -223,19 +224,23 @@ def _closed_within(socks: list[socket.socket], seconds: float, closed: set) -> i
     return len(closed)
 
 
-def test_an_idle_connection_without_the_token_is_closed_soon_and_the_excess_at_once(mock, weir):
+def test_an_idle_connection_without_the_token_is_closed_soon_and_the_oldest_makes_room(mock, weir):
     _, base = start(mock, weir, max_connections=4)
     port = int(base.rsplit(":", 1)[1])
     socks = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in range(8)]
     try:
-        # Those beyond the 4 are closed as they are accepted (one more if the start's /ready probe is not
-        # counted out yet); the 4 held, which sent nothing, have a few seconds.
+        # Each one past the 4 closed the oldest connection that had presented no token: the first four end at
+        # once (three, if the start's /ready probe was still counted and made room first).
         closed: set = set()
         first = _closed_within(socks, 2.5, closed)
-        assert 4 <= first <= 5, first
-        # Then they end too, well before the 30 s an idle connection that presented the token may wait.
+        assert 3 <= first <= 4, first
+        assert all(s in closed for s in socks[:3]) and not any(s in closed for s in socks[4:])
+        # An operator gets in at once, though every slot is held by a connection anyone can open (regress62:
+        # refusing the newest instead kept the admin API, the console and /metrics out for as long as someone
+        # reopened 64 idle connections every few seconds).
+        assert _status(base + "/admin/v1/tenants") == 200
+        # The rest end too, well before the 30 s an idle connection that presented the token may wait.
         assert _closed_within(socks, 20, closed) == 8
-        # The slots are free again: an operator gets in.
         assert _status(base + "/admin/v1/tenants") == 200
     finally:
         for s in socks:
@@ -243,7 +248,7 @@ def test_an_idle_connection_without_the_token_is_closed_soon_and_the_excess_at_o
 
 
 @pytest.mark.parametrize("char", ["\u202e", "\u2066", "\u2069", "\u200b", "\u200e", "\ufeff", "\u2028", "\u2029",
-                                  "\u00ad", "\u061c", "\U000e0041"])
+                                  "\u061c", "\u2060"])
 def test_names_refuse_format_characters_and_line_separators(mock, weir, char):
     _, base = start(mock, weir)
     before = key_ids(base)
