@@ -88,14 +88,15 @@ std::size_t first_invalid_utf8(std::string_view s) {
 
 namespace {
 
-// Unicode 15.1's General_Category=Cf (format characters: bidi embeddings, overrides, isolates and marks, zero
-// widths, the BOM, interlinear annotation, tags), as closed ranges of code points, ascending.
-constexpr std::pair<char32_t, char32_t> kFormatCharacters[] = {
-    {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},   {0x06DD, 0x06DD},   {0x070F, 0x070F},
-    {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x180E, 0x180E},   {0x200B, 0x200F},   {0x202A, 0x202E},
-    {0x2060, 0x2064},   {0x2066, 0x206F},   {0xFEFF, 0xFEFF},   {0xFFF9, 0xFFFB},   {0x110BD, 0x110BD},
-    {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A}, {0xE0001, 0xE0001},
-    {0xE0020, 0xE007F}};
+// The format characters (Unicode General_Category=Cf) a name cannot hold, as closed ranges of code points,
+// ascending: the bidi controls (ALM, LRM, RLM, the embeddings and overrides, the isolates: they reorder the
+// text around them, Trojan Source, CVE-2021-42574) and the invisible ones with no use in a name (zero width
+// space, the Mongolian vowel separator, word joiner and invisible operators, the deprecated format
+// characters, the BOM). Not the Cf characters words and symbols are written with: ZWNJ and ZWJ (Persian and
+// Indic words, emoji sequences), the soft hyphen, tags (flag emoji), Arabic number signs.
+constexpr std::pair<char32_t, char32_t> kRefusedFormatCharacters[] = {
+    {0x061C, 0x061C}, {0x180E, 0x180E}, {0x200B, 0x200B}, {0x200E, 0x200F},
+    {0x202A, 0x202E}, {0x2060, 0x2064}, {0x2066, 0x206F}, {0xFEFF, 0xFEFF}};
 
 // The code point of the well-formed UTF-8 sequence of `n` bytes at `s[i]`.
 char32_t code_point_at(std::string_view s, std::size_t i, std::size_t n) {
@@ -110,7 +111,7 @@ char32_t code_point_at(std::string_view s, std::size_t i, std::size_t n) {
 
 bool invisible_in_names(char32_t cp) noexcept {
   if (cp == 0x2028 || cp == 0x2029) return true;
-  for (const auto& [lo, hi] : kFormatCharacters) {
+  for (const auto& [lo, hi] : kRefusedFormatCharacters) {
     if (cp < lo) return false;
     if (cp <= hi) return true;
   }
@@ -136,7 +137,7 @@ std::string name_text_error(std::string_view s) {
           quoted_text(s), static_cast<unsigned>(cp),
           cp == 0x2028   ? "a line separator"
           : cp == 0x2029 ? "a paragraph separator"
-                         : "an invisible format character (Unicode category Cf: bidi controls, zero widths, BOM)");
+                         : "an invisible format character (a bidi control, a zero width space, a BOM...)");
   }
   return {};
 }
