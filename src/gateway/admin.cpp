@@ -503,6 +503,15 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
       shared.log_sink ? shared.log_sink->reopen_failures() : 0, shared.log_sink && shared.log_sink->reopen_pending());
   append_health_metrics(out, *gen);
   if (shared.limiter && policy) append_budget_metrics(out, *policy, *shared.limiter, total->labels());
+  if (shared.limiter && shared.limiter->grows()) {
+    // The limiter's scope count (control thread, as its writer): bounded by the scopes held at once when
+    // retired ones are reused, growing with every change of limits otherwise (docs/admission.md).
+    core::PromWriter w(out);
+    w.header("weir_admission_scopes", "gauge",
+             "Admission scopes the limiter holds state for: tenants and keys, those replaced by a change of "
+             "limits or budget that are not reused yet, and keys in Redis with limits of their own.");
+    w.sample("weir_admission_scopes", "", static_cast<double>(shared.limiter->scope_count()));
+  }
   {
     // Configuration reloads (docs/operations.md): atomics the control thread writes.
     const auto& r = shared.reloads;

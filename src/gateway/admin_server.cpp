@@ -534,6 +534,13 @@ core::Task<std::size_t> AdminServer::wait_for_workers(std::shared_ptr<WorkerGath
 }
 
 core::Task<std::size_t> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
+  // The control thread's view follows too (metrics, tenants, keys in Redis): a policy kept there past the
+  // next key change would hold its admission scopes, and through each carry's pin every scope its tenants
+  // and keys were given since, from reuse (admission/scope_ledger.hpp) until the next reload.
+  if (policy) {
+    shared_.auth_policy = policy;
+    if (redis_) redis_->set_base(policy);
+  }
   auto g = post_to_every_worker([policy](Worker& w) {
     if (auto* a = w.authenticator()) a->set_policy(policy);
   });

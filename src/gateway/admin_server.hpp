@@ -230,9 +230,10 @@ class AdminServer {
   core::Task<std::optional<AdminResponse>> answer_on_head(AdminRequest& req, std::string_view authorization,
                                                           std::size_t authorization_fields,
                                                           const AdminHandler*& handler);
-  // Sends `policy` to every worker (each swaps its Authenticator's policy on
-  // its own thread) and returns once all did, or after 2 s: the number of
-  // workers that had not yet (0 = in force everywhere).
+  // Makes `policy` the control thread's (shared.auth_policy, the base of keys
+  // in Redis) and sends it to every worker (each swaps its Authenticator's
+  // policy on its own thread); returns once all did, or after 2 s: the
+  // number of workers that had not yet (0 = in force everywhere).
   core::Task<std::size_t> publish(std::shared_ptr<const auth::AuthPolicy> policy);
   // Drops every worker's cached Redis key lookups (Authenticator::forget_redis_keys)
   // and waits (at most 2 s) until each has: a key changed here takes effect here before the answer.

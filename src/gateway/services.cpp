@@ -52,8 +52,11 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
   // The policy the workers get holds its scopes (Limiter::adopt): once no
   // request holds it any more, the scopes it alone named are reused.
   if (key_store_) {
+    // The key store holds the running policy from here on (Services::policy()). A copy kept here would hold
+    // the start-up policy's scopes for the life of the process, and through each carry's pin every scope a
+    // reload or key change gave its tenants and keys since: none would ever be reused.
     key_store_->set_limiter(limiter_.get());
-    policy_ = key_store_->policy();
+    policy_.reset();
   } else {
     policy_ = limiter_->adopt(policy_);
   }
@@ -72,7 +75,7 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
 Services::~Services() = default;
 
 void Services::attach(Shared& shared) {
-  shared.auth_policy = policy_;
+  shared.auth_policy = policy();
   shared.jwks = jwks_.get();
   shared.redis_keys = redis_keys_.get();
   shared.redis_key_scopes = redis_key_scopes_.get();
