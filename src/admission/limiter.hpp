@@ -305,9 +305,12 @@ class Limiter {
   // fresh scopes (AuthPolicy::build's ScopeNumbers); empty when this
   // limiter does not reuse scopes.
   std::vector<std::uint32_t> reusable_scopes() const {
-    return recycles() ? ledger_->reusable() : std::vector<std::uint32_t>{};
+    if (!recycles()) return {};
+    auto free = ledger_->reusable();
+    std::erase_if(free, [this](std::uint32_t s) { return !drained(s); });
+    return free;
   }
-  // Whether adopt() reuses free scopes (LocalLimiter: yes).
+  // Whether adopt() reuses free scopes (LocalLimiter, RedisLimiter: yes).
   virtual bool recycles() const noexcept { return false; }
 
   // Adds one scope past the ones held (grow() with `info` alone; the same
@@ -325,6 +328,11 @@ class Limiter {
   // no carried scope holds it) afresh for `info`, as grow() starts a new
   // one. Only for limiters whose recycles() is true.
   virtual void reset_scope(std::uint32_t /*scope*/, const auth::ScopeInfo& /*info*/) {}
+  // Whether free scope `scope` may be started afresh now (control thread). A
+  // free scope has no ticket, but a remote store's may still hold shares of
+  // the store (leases, stream slots, an allowance) or spend not yet pushed or
+  // folded: it is reused once those went back. Default: at once.
+  virtual bool drained(std::uint32_t /*scope*/) const noexcept { return true; }
   ScopeLedger& ledger() noexcept { return *ledger_; }
 
   std::atomic<bool> refusing_{false};  // set by a remote limiter during a fail-closed outage

@@ -108,6 +108,10 @@ class LocalLimiter final : public Limiter {
     return epoch_unix_ns_ + std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
   }
 
+  // Starts scope `scope` (< scope_count()) afresh for `info`, as reset_scope: for a limiter that keeps
+  // this one as its fail-open fallback and reuses a scope it knows to be free (RedisLimiter).
+  void restart_scope(std::uint32_t scope, const auth::ScopeInfo& info) { reset_scope(scope, info); }
+
   // Units available in bucket `b` of `scope` now, summed over shards (may be
   // negative while in debt). For tests and metrics.
   double available(std::uint32_t scope, Bucket b, Instant now) const;

@@ -91,7 +91,8 @@ void RedisLimiter::init_scope(std::size_t i, const auth::ScopeInfo& info) {
     if (!chunk) chunk = std::make_unique<ScopeState[]>(kChunk);
     ScopeState& st = chunk[i % kChunk];
     const auto& l = info.limits;
-    st.member = fmt::format("{}/{}", replica_id_, i);
+    st.member = st.generation == 0 ? fmt::format("{}/{}", replica_id_, i)
+                                   : fmt::format("{}/{}.{}", replica_id_, i, st.generation);
     const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
     const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
     for (int b = 0; b < 2; ++b) {
@@ -156,6 +157,7 @@ void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
   // slots and spend go on in Redis as they are. The fallback's local state
   // is carried, and the spend when the budget's period changed; during an
   // outage, the budget's allowance too.
+  if (from < scope_count_ && to < scope_count_) ledger().pin(from, to);  // (its tickets follow the links to `to`)
   fallback_->carry(from, to, now);
   carry_period_spend(from, to);
   carry_allowance(from, to);
@@ -163,6 +165,7 @@ void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
 }
 
 void RedisLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
+  if (from < scope_count_ && to < scope_count_) ledger().pin(from, to);
   fallback_->carry_spend(from, to, now);
   carry_period_spend(from, to);
   carry_allowance(from, to);
@@ -255,6 +258,7 @@ void RedisLimiter::supersede_slots(std::uint32_t from, std::uint32_t to) {
   // scope's first request waits for (its slots counted as the others').
   if (from >= scope_count_ || to >= scope_count_ || from == to || at(from).max_streams == 0) return;
   at(from).slots.superseded.store(true, std::memory_order_relaxed);
+  at(from).superseded_by = to;
   at(to).slots.took_over.store(from, std::memory_order_release);
   if (loop_->running) wake();
 }
@@ -311,8 +315,10 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
     }
     // Its own (in flight too: those tickets settle there).
     add(own.empty() ? std::string() : with_hash(std::string(), own), m - carried);
+    // (A reused scope may continue one of a higher number: the links end at kNoScope, and a scope is
+    // reused only once no live one continues it, so they form no cycle; 64 steps at most all the same.)
     const std::uint32_t prev = at(s).continues.load(std::memory_order_acquire);
-    if (prev >= s) break;  // (scopes only continue older ones)
+    if (prev == s) break;
     s = prev;
   }
   if (mine <= 0) return;
@@ -366,6 +372,13 @@ bool RedisLimiter::fold_retired(std::uint32_t p) {
   ScopeState& ts = at(t);
   SpendCtl& pc = ps.spend_ctl;
   SpendCtl& tc = ts.spend_ctl;
+  // A successor reused since for another budget (reset_scope: another name, or another period's hash)
+  // continues nothing of this one: it pushes its own member until drained, as a scope without one does.
+  if (!tc.enabled || pc.key != tc.key || pc.period_ms != tc.period_ms || pc.calendar != tc.calendar ||
+      pc.offset_ms != tc.offset_ms) {
+    ps.successor = ScopeState::kNoScope;
+    return false;
+  }
   // The same hash in Redis (the same period, known to the successor; the retired scope's last push went
   // to it, or it never pushed), nothing in flight here (its reservations are covered by its allowance in
   // Redis until they settle), and room in the successor's list of folds to send.
@@ -416,6 +429,86 @@ bool RedisLimiter::fold_retired(std::uint32_t p) {
     ts.continues.store(ps.continues.load(std::memory_order_relaxed), std::memory_order_release);
   woken_.push_back(t);
   return true;
+}
+
+bool RedisLimiter::drained(std::uint32_t i) const noexcept {
+  // Free (no policy, ticket or carry holds it: Limiter::adopt asks only of those); what is left is what
+  // this replica holds of Redis under its member, and what the sync loop still does for it. During an
+  // outage nothing goes back: nothing is reused then.
+  if (i >= scope_count_ || degraded_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed))
+    return false;
+  const ScopeState& st = at(i);
+  constexpr auto rx = std::memory_order_relaxed;
+  if (syncing_ && st.sent == walk_no_) return false;  // a reply on its way applies to it
+  for (int b = 0; b < 2; ++b)
+    if (st.spec[b].enabled && st.lease[b].units.load(rx) != 0) return false;  // units held, or debt to push
+  if (st.max_streams > 0 && (st.slots.allowance.load(rx) != 0 || st.slots.free.load(rx) != 0 ||
+                             st.slots_ctl.recorded != 0 || st.slots_ctl.told_demand != 0))
+    return false;  // slots Redis counts as this replica's
+  const SpendCtl& c = st.spend_ctl;
+  if (c.enabled && st.folded_into.load(rx) == ScopeState::kNoScope) {
+    if (st.successor != ScopeState::kNoScope) return false;  // it folds into its successor first
+    const Spend& sp = st.spend;
+    const std::int64_t mine = sp.mine.load(rx);
+    if (sp.in_use.load(rx) != 0 || c.allowance != 0 || !c.folds.empty() || (c.idx >= 0 ? mine != c.pushed : mine != 0))
+      return false;  // an allowance to give back, spend or folds to push
+  }
+  return true;
+}
+
+void RedisLimiter::reset_scope(std::uint32_t i, const auth::ScopeInfo& info) {
+  if (i >= scope_count_) return;
+  // drained(), and no worker reads it until the policy naming it anew is posted (Limiter::adopt). A scope
+  // whose streams counted this one's (took_over) forgets it: its old streams ended.
+  ScopeState& st = at(i);
+  if (st.superseded_by < scope_count_) {
+    std::uint32_t was = i;
+    at(st.superseded_by).slots.took_over.compare_exchange_strong(was, UINT32_MAX, std::memory_order_acq_rel);
+  }
+  constexpr auto rx = std::memory_order_relaxed;
+  for (int b = 0; b < 2; ++b) {
+    Lease& l = st.lease[b];
+    l.units.store(0, rx);
+    l.wanted.store(false, rx);
+    l.remote_avail.store(0, rx);
+    l.remote_at_ns.store(-1, rx);
+    st.lease_ctl[b] = LeaseCtl{};
+    st.spec[b] = Spec{};
+  }
+  Slots& sl = st.slots;
+  sl.free.store(0, rx);
+  sl.allowance.store(0, rx);
+  sl.others.store(0, rx);
+  sl.others_used.store(0, rx);
+  sl.wanted.store(false, rx);
+  sl.superseded.store(false, rx);
+  sl.took_over.store(UINT32_MAX, rx);
+  sl.reply_ns.store(0, rx);
+  sl.released_ns.store(0, rx);
+  st.slots_ctl = SlotsCtl{};
+  Spend& sp = st.spend;
+  sp.free.store(0, rx);
+  sp.in_use.store(0, rx);
+  sp.mine.store(0, rx);
+  sp.others.store(0, rx);
+  sp.spare.store(0, rx);
+  sp.biggest.store(0, rx);
+  sp.wanted.store(false, rx);
+  sp.touched.store(false, rx);
+  sp.period_end_ns.store(-1, rx);
+  sp.period_idx.store(-1, rx);
+  st.spend_ctl = SpendCtl{};
+  st.max_streams = 0;
+  st.continues.store(ScopeState::kNoScope, rx);
+  st.successor = ScopeState::kNoScope;
+  st.folded_into.store(ScopeState::kNoScope, rx);
+  st.superseded_by = ScopeState::kNoScope;
+  ++st.generation;  // a member of its own in Redis
+  init_scope(i, info);
+  fallback_->restart_scope(i, scaled({info}, config_.fail_open_share)[0]);
+  // Visited at the next sync, as a new scope is (its budget read at once).
+  woken_.push_back(i);
+  if (loop_->running) wake();
 }
 
 RedisLimiter::ScopeState& RedisLimiter::at(std::uint32_t scope) const noexcept {
@@ -583,8 +676,9 @@ std::uint64_t RedisLimiter::streams_in_use(std::uint32_t scope) const {
     const Slots& sl = at(s).slots;
     used += std::max<std::int64_t>(
         0, sl.allowance.load(std::memory_order_acquire) - sl.free.load(std::memory_order_acquire));
+    // (The links end at UINT32_MAX: a scope's is cleared when the one it names is reused.)
     const std::uint32_t prev = sl.took_over.load(std::memory_order_acquire);
-    if (prev >= s) break;  // (scopes only take over older ones)
+    if (prev == s) break;
     s = prev;
   }
   return static_cast<std::uint64_t>(used);
@@ -608,7 +702,7 @@ bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
   const double reply = s.reply_ns.load(std::memory_order_acquire);
   if (ns(MonoClock::now()) - reply > kSlotsStaleNs) return true;
   std::uint32_t prev = s.took_over.load(std::memory_order_acquire);
-  for (std::uint32_t cur = scope, steps = 0; prev < cur && steps < 64; ++steps) {
+  for (std::uint32_t cur = scope, steps = 0; prev < scope_count_ && prev != cur && steps < 64; ++steps) {
     if (at(prev).slots.released_ns.load(std::memory_order_acquire) > reply) return true;
     cur = prev;
     prev = at(cur).slots.took_over.load(std::memory_order_acquire);

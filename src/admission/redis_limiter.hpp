@@ -142,6 +142,13 @@ class RedisLimiter final : public Limiter {
   void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
   void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
   bool grows() const noexcept override { return true; }
+  // A scope nothing holds any more is reused once drained (drained()): its
+  // leases, stream slots and allowance given back to Redis, its spend pushed,
+  // or folded into its successor's (fold_retired). A reused scope writes
+  // Redis under a member of its own (`<replica>/<scope>.<generation>`), so
+  // nothing its old occupant left there (a slot count until it expires, a
+  // removed tenant's pushed spend) is taken for its own.
+  bool recycles() const noexcept override { return true; }
   std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
   static constexpr std::uint32_t kChunk = 64;
   static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
@@ -192,6 +199,9 @@ class RedisLimiter final : public Limiter {
 
   store::Task<void> run();
   store::Task<void> sync_once(bool final_sync);
+  // Limiter's reuse of free scopes (control thread).
+  bool drained(std::uint32_t scope) const noexcept override;
+  void reset_scope(std::uint32_t scope, const auth::ScopeInfo& info) override;
   // sync_once's steps. A sync's pipeline: one command per op (a lease, stream slots or a budget of a scope
   // the walk visits, or the outage's probe), built by the plan_* steps in order.
   struct SyncOp;
@@ -251,7 +261,7 @@ class RedisLimiter final : public Limiter {
   // when `p` is folded (now or before): the sync sends nothing for its budget.
   bool fold_retired(std::uint32_t p);
   // The scope whose spend state `scope`'s budget operations use: `scope`, or the one it was folded into
-  // (followed: at most 64 links, each to a newer scope).
+  // (followed: at most 64 links, each to a scope made later).
   std::uint32_t spend_home(std::uint32_t scope) const noexcept;
   // Adds `parts` (hash sets and spend, as SpendCtl::carried) to `into`, merging equal sets; beyond
   // kCarriedMax the oldest count as of no known hash (pushed: an overcount, never an overspend).
@@ -311,6 +321,7 @@ class RedisLimiter final : public Limiter {
   std::vector<std::uint32_t> woken_;  // scopes refills named since the last walk
   std::size_t walked_ = 0;            // scope_count_ at the last walk: scopes past it are new
   std::uint64_t walk_no_ = 0;
+  bool syncing_ = false;  // a sync's commands are out: its replies apply to the scopes walk_no_ sent them for
   Instant next_full_walk_{};
   // Requests waiting for a stream slot that another replica holds idle: kept
   // across syncs (each re-asks) until a slot came, the cap is full of

@@ -162,6 +162,11 @@ struct RedisLimiter::ScopeState {
   // key whose limits changed, and its requests still in flight) never
   // overwrite each other's stream slots or pushed spend.
   std::string member;
+  // Times this scope was reused (reset_scope): its member names it past the first.
+  std::uint32_t generation = 0;
+  // Control thread: the scope that took over this one's stream slots (supersede_slots), whose `took_over`
+  // names this one until it is reused.
+  std::uint32_t superseded_by = 0xffffffffu;
   // The scope this one continues within the same budget period (a carry
   // whose period did not change; kNoScope otherwise): this replica's spend
   // of the period is also under that scope's member, and a later change of

@@ -218,7 +218,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   }
 
   const Instant sent = MonoClock::now();
+  syncing_ = true;
   auto results = co_await client_->exec(std::move(p.cmds));
+  syncing_ = false;
   const Instant replied = MonoClock::now();
 
   bool answered = false;  // Redis replied with an error (it is up, but cannot do our work)

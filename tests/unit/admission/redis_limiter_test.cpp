@@ -1335,3 +1335,112 @@ TEST_F(RedisLimiterTest, AKeyChangedManyTimesKeepsOneBudgetMemberPerReplica) {
 
 }  // namespace
 }  // namespace weir::admission
+
+namespace weir::admission {
+namespace {
+
+// A policy of tenant acme (its limits and budget as given), built as a reload builds it against `prior`:
+// a changed tenant gets a fresh scope, a reusable one first (Limiter::reusable_scopes).
+std::shared_ptr<const auth::AuthPolicy> acme_policy(RedisLimiter& lim, std::uint64_t r, const auth::Budget& b,
+                                                    const auth::AuthPolicy* prior) {
+  auth::AuthConfig c;
+  auth::TenantConfig t;
+  t.name = "acme";
+  t.limits = rpm(r);
+  t.limits.max_concurrent_streams = 2;
+  t.budget = b;
+  c.tenants.emplace("acme", t);
+  if (!prior) return auth::AuthPolicy::build(c);
+  const auto end = std::max(lim.scope_count(), static_cast<std::uint32_t>(prior->scopes().size()));
+  return auth::AuthPolicy::build(c, {}, auth::ScopeNumbers(end, lim.reusable_scopes()), prior);
+}
+
+// Reloads that change a budgeted, capped tenant's limits again and again, with requests between them: each
+// retired scope is reused once it gave its lease and slots back and folded its budget into its successor's
+// (before, RedisLimiter reused none: one scope, ~2.8 KiB, for each such reload for the life of the
+// process). The spend stays exact across the folds and the reuses (each reuse writes Redis under a member
+// of its own), and so does a second replica's view of it.
+TEST_F(RedisLimiterTest, ReloadsThatChangeLimitsReuseDrainedScopesAndKeepTheSpendExact) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;  // $1, never resets
+  World w(rpm(600), budget);
+  auto c = cfg();
+  c.lease_idle = 50ms;  // retired scopes' leases go back soon
+  Replica a(w, c), b(w, c);
+  auto on_control = [&](auto fn) { return asio::post(a.control, asio::use_future(fn)).get(); };
+  std::shared_ptr<const auth::AuthPolicy> cur = on_control([&] { return a.limiter->adopt(w.policy); });
+  ASSERT_TRUE(cur);
+  const auto start = a.limiter->scope_count();
+  auth::Principal p = w.principal;
+  std::int64_t unit = 0;
+  std::uint32_t most = start;
+  for (int k = 1; k <= 40; ++k) {
+    p.policy = cur;
+    p.tenant = cur->find_tenant("acme");
+    ASSERT_TRUE(admit(a, k % 2, p, 10, false, api::Usage{1000, 0, 1000, 0}).ok) << k;
+    if (unit == 0) unit = a.limiter->spent(p.tenant->scope, MonoClock::now());
+    ASSERT_GT(unit, 0);
+    // A reload: acme's limit changes, its new scope carries the old one (then the old policy goes).
+    auto next = on_control([&] {
+      auto n = a.limiter->adopt(acme_policy(*a.limiter, 600 + k, budget, cur.get()));
+      a.limiter->carry(cur->find_tenant("acme")->scope, n->find_tenant("acme")->scope, MonoClock::now());
+      return n;
+    });
+    ASSERT_TRUE(next) << k;
+    p.policy.reset();
+    cur = next;
+    most = std::max(most, a.limiter->scope_count());
+    if (k >= 3) {  // the scope retired two reloads ago drains (lease back, budget folded): reusable
+      const auto reusable = [&] { return on_control([&] { return a.limiter->reusable_scopes(); }); };
+      EXPECT_TRUE(eventually([&] { return !reusable().empty(); })) << k;
+    }
+  }
+  // The live scope, the one just retired, and at most two still draining when a reload came: not one
+  // more per reload.
+  EXPECT_LE(most, start + 3);
+  // 40 requests, each charged once: on this replica and, once pushed, on the other.
+  const auto scope = cur->find_tenant("acme")->scope;
+  EXPECT_TRUE(eventually([&] { return a.limiter->spent(scope, MonoClock::now()) == 40 * unit; }))
+      << a.limiter->spent(scope, MonoClock::now()) << " vs " << 40 * unit;
+  EXPECT_TRUE(eventually([&] { return b.limiter->spent(w.scope(), MonoClock::now()) == 40 * unit; }))
+      << b.limiter->spent(w.scope(), MonoClock::now()) << " vs " << 40 * unit;
+  // The cap still holds on the scope in use (reused, started afresh): 2 streams, not 3.
+  p.policy = cur;
+  p.tenant = cur->find_tenant("acme");
+  EXPECT_TRUE(admit(a, 0, p, 1, true).ok);
+  EXPECT_TRUE(admit(a, 1, p, 1, true).ok);
+  EXPECT_FALSE(admit(a, 0, p, 1, true).ok);
+}
+
+// A scope still holding what Redis gave it is not reused: a retired scope's lease is given back after
+// lease_idle, and only then is its number taken again.
+TEST_F(RedisLimiterTest, AFreeScopeIsNotReusedWhileItHoldsALease) {
+  World w(rpm(600));
+  auto c = cfg();
+  c.lease_idle = 400ms;
+  Replica a(w, c);
+  auto on_control = [&](auto fn) { return asio::post(a.control, asio::use_future(fn)).get(); };
+  std::shared_ptr<const auth::AuthPolicy> cur = on_control([&] { return a.limiter->adopt(w.policy); });
+  auth::Principal p = w.principal;
+  p.policy = cur;
+  ASSERT_TRUE(admit(a, 0, p, 10).ok);
+  const auto old = p.tenant->scope;
+  ASSERT_GT(a.limiter->lease_units(old, Bucket::requests), 0);
+  p.policy.reset();
+  cur = on_control([&] {
+    auto n = a.limiter->adopt(acme_policy(*a.limiter, 700, {}, cur.get()));
+    a.limiter->carry(old, n->find_tenant("acme")->scope, MonoClock::now());
+    return n;
+  });
+  // Free (no policy names it) but holding its lease: not offered for reuse.
+  auto reusable = on_control([&] { return a.limiter->reusable_scopes(); });
+  if (a.limiter->lease_units(old, Bucket::requests) != 0) {
+    EXPECT_TRUE(reusable.empty());
+  }
+  // Once idle for lease_idle, its lease goes back: then it is.
+  EXPECT_TRUE(eventually([&] { return a.limiter->lease_units(old, Bucket::requests) == 0; }, 3000ms));
+  EXPECT_TRUE(eventually([&] { return on_control([&] { return a.limiter->reusable_scopes(); }) == std::vector{old}; }));
+}
+
+}  // namespace
+}  // namespace weir::admission
