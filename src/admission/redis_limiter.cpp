@@ -190,7 +190,9 @@ void RedisLimiter::move_allowance(std::uint32_t from, std::uint32_t to) {
   if (from >= scope_count_ || to >= scope_count_ || from == to) return;
   SpendCtl& a = at(from).spend_ctl;
   SpendCtl& b = at(to).spend_ctl;
-  if (!a.enabled || !b.enabled || a.period_ms != b.period_ms || a.calendar != b.calendar || a.offset_ms != b.offset_ms)
+  // (The same budget: its name too, as a successor reused since for another budget is not: reset_scope.)
+  if (!a.enabled || !b.enabled || a.key != b.key || a.period_ms != b.period_ms || a.calendar != b.calendar ||
+      a.offset_ms != b.offset_ms)
     return;
   Spend& old = at(from).spend;
   Spend& sp = at(to).spend;
