@@ -45,6 +45,13 @@ TEST(ApiFinishReason, FailedFinishInAnAnswerOrChunk) {
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"\"finish_reason\":\"abort\""}}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"delta":{"content":"finish_reason"},"finish_reason":null}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"finish_reason":"ab)"), "");  // (an unclosed string says nothing)
+  // Found wherever it falls in the answer, whatever underscores follow it.
+  for (std::size_t pad = 0; pad < 40; ++pad)
+    for (std::size_t tail = 0; tail < 20; ++tail) {
+      const std::string j =
+          R"({"a":")" + std::string(pad, 'x') + R"(","finish_reason":"abort","b":")" + std::string(tail, '_') + R"("})";
+      EXPECT_EQ(failed_finish_in(j, 1), "abort") << pad << " " << tail;
+    }
   // Read as JSON: an escape is the character it stands for.
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"finish_reason":"st\u006fp"}]})"), "");
   EXPECT_EQ(failed_finish_in(R"({"choices":[{"finish_reason":"\u0061bort"}]})"), R"(\u0061bort)");
