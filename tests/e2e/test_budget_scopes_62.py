@@ -43,10 +43,10 @@ def start(mock, weir, redis, rpm: int = 1000):
     return m, aport, w, admin
 
 
-def reload(w, cfg: dict) -> None:
+def reload(w, cfg: dict, workers: int = 1) -> None:
     cfg = dict(cfg)
     cfg.setdefault("listen", f"127.0.0.1:{w.port}")
-    cfg.setdefault("workers", 1)
+    cfg.setdefault("workers", workers)
     cfg.setdefault("server", {})["access_log"] = str(w.access_log_path)
     w.config_path.write_text(to_yaml(cfg) + "\n")
     before = w.metric("weir_config_reloads_total", result="success")

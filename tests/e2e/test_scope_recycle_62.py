@@ -8,14 +8,13 @@ PATCHed after it. Each reload or PATCH took one more scope (~1.5 KiB) for the li
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 
 import httpx
 import openai
 
-from conftest import free_port, to_yaml, wait_until
+from conftest import free_port, wait_until
+import test_budget_scopes_62 as scopes62
 from test_admin_api import TOKEN, Admin
 from test_redis import sha
 
@@ -46,14 +45,7 @@ def start(mock, weir):
 
 
 def reload(w, cfg: dict) -> None:
-    cfg = dict(cfg)
-    cfg.setdefault("listen", f"127.0.0.1:{w.port}")
-    cfg.setdefault("workers", 2)
-    cfg.setdefault("server", {})["access_log"] = str(w.access_log_path)
-    w.config_path.write_text(to_yaml(cfg) + "\n")
-    before = w.metric("weir_config_reloads_total", result="success")
-    os.kill(w.process.pid, signal.SIGHUP)
-    wait_until(lambda: w.metric("weir_config_reloads_total", result="success") > before, 10, message="reloaded")
+    scopes62.reload(w, cfg, workers=2)
 
 
 def scopes(w) -> float:
